@@ -1,0 +1,7 @@
+"""``python -m mpicd``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,247 @@
+"""Typed experiment configuration: YAML + dotted overrides -> validated dataclasses.
+
+Every key is declared here (or, for an algorithm's own hyper-parameters, in that algorithm's
+``Params`` dataclass), so an unknown key, a wrong type or a value out of range is one clear
+``ConfigError`` naming the key, raised before anything trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; ``key`` is the dotted name of the culprit."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(f"config error: {key}: {message}" if key else f"config error: {message}")
+
+
+def spec(default: Any = dataclasses.MISSING, *, doc: str = "", **bounds: Any) -> Any:
+    """A dataclass field with bounds checked by :func:`from_mapping`.
+
+    bounds: ``ge``, ``gt``, ``le``, ``lt`` (numbers), ``choices`` is implied by ``Literal`` types.
+    """
+    kwargs: dict[str, Any] = {"metadata": {"doc": doc, **bounds}}
+    if isinstance(default, (list, dict)):
+        kwargs["default_factory"] = lambda d=default: type(d)(d)
+    elif default is not dataclasses.MISSING:
+        kwargs["default"] = default
+    return field(**kwargs)
+
+
+@dataclass
+class DataConfig:
+    name: Literal["breast_cancer", "medmnist", "aptos", "covid"] = spec(
+        "breast_cancer", doc="dataset format; breast_cancer is built in (no download)")
+    path: Optional[str] = spec(None, doc="medmnist: the .npz file; aptos/covid: the dataset folder")
+    image_size: Optional[int] = spec(None, ge=8, doc="resize images to this square size (aptos/covid default 64)")
+    classes: Optional[list[str]] = spec(None, doc="covid: class folders in label order (default Normal, COVID)")
+    test_fraction: float = spec(0.2, gt=0.0, lt=1.0, doc="held-out fraction where no official test split exists")
+    split_seed: int = spec(0, ge=0, doc="seed of that held-out split; fixed so every run seed sees the same test set")
+    images_per_class: Optional[int] = spec(None, ge=1, doc="per-client images of each class before skew (null: as many as the rarest class allows)")
+    skew: float = spec(0.0, ge=0.0, lt=1.0, doc="each non-expertise class keeps a fraction 1 - skew on each client")
+
+
+@dataclass
+class ModelConfig:
+    name: Literal["auto", "lenet", "mlp", "resnet18"] = spec("auto", doc="auto: lenet for images, mlp for tabular data")
+    feature_dim: int = spec(200, ge=1, doc="D, the width of the feature vector the head reads")
+    hidden: int = spec(64, ge=1, doc="mlp: hidden layer width")
+
+
+@dataclass
+class TrainConfig:
+    optimizer: Literal["adam", "sgd"] = spec("adam")
+    lr: float = spec(1e-3, gt=0.0)
+    momentum: float = spec(0.9, ge=0.0, lt=1.0, doc="sgd only")
+    weight_decay: float = spec(0.0, ge=0.0)
+    batch_size: int = spec(32, ge=1)
+    local_epochs: int = spec(1, ge=1, doc="local epochs per round")
+    eval_batch_size: int = spec(512, ge=1)
+
+
+@dataclass
+class Config:
+    """The whole experiment. ``algorithm`` stays a mapping here; the registry validates it."""
+
+    clients: int = spec(4, ge=1, doc="number of clients = number of MPI ranks")
+    rounds: int = spec(20, ge=1)
+    seed: int = spec(0, ge=0)
+    device: Literal["auto", "cpu", "cuda"] = spec("auto", doc="auto: one GPU per rank where there are GPUs, else CPU")
+    output: str = spec("results/run.h5", doc="results file (HDF5); --out overrides")
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    algorithm: dict = field(default_factory=lambda: {"name": "codistill"})
+
+
+# --------------------------------------------------------------------------- validation
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Return ``value`` as type ``tp`` or raise ConfigError; no silent conversions that lose data."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value in typing.get_args(tp) and not isinstance(value, bool):
+            return value
+        raise ConfigError(key, f"must be one of {_type_name(tp)}, got {value!r}")
+    if origin in (Union, types.UnionType):
+        errors = []
+        for option in typing.get_args(tp):
+            try:
+                return _coerce(value, option, key)
+            except ConfigError as err:
+                errors.append(err)
+        raise ConfigError(key, f"must be {_type_name(tp)}, got {value!r}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigError(key, f"must be null, got {value!r}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(key, f"must be a list, got {value!r}")
+        (item,) = typing.get_args(tp)
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(key, f"must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(key, f"must be an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        raise ConfigError(key, f"must be a finite number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(key, f"must be a string, got {value!r}")
+    if tp is dict:
+        if isinstance(value, dict):
+            return value
+        raise ConfigError(key, f"must be a mapping, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        return from_mapping(tp, value, key)
+    raise TypeError(f"unsupported config type {tp!r} for {key}")
+
+
+def _check_bounds(value: Any, meta: typing.Mapping, key: str) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    checks = {"ge": (lambda v, b: v >= b, ">="), "gt": (lambda v, b: v > b, ">"),
+              "le": (lambda v, b: v <= b, "<="), "lt": (lambda v, b: v < b, "<")}
+    for name, (ok, sign) in checks.items():
+        if name in meta and not ok(value, meta[name]):
+            raise ConfigError(key, f"must be {sign} {meta[name]}, got {value!r}")
+
+
+def from_mapping(cls: type, mapping: Any, prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, rejecting unknown keys and bad values.
+
+    A field named ``lambda_`` is spelt ``lambda`` in YAML (Python reserves the word).
+    """
+    if mapping is None:
+        mapping = {}
+    if not isinstance(mapping, dict):
+        raise ConfigError(prefix, f"must be a mapping, got {mapping!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name.rstrip("_"): f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(mapping) - set(fields))
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(f"{where}{unknown[0]}",
+                          f"unknown key (known keys here: {', '.join(sorted(fields))})")
+    values = {}
+    for yaml_name, f in fields.items():
+        key = f"{prefix}.{yaml_name}" if prefix else yaml_name
+        if yaml_name not in mapping:
+            continue
+        value = _coerce(mapping[yaml_name], hints[f.name], key)
+        _check_bounds(value, f.metadata, key)
+        values[f.name] = value
+    return cls(**values)
+
+
+def to_mapping(obj: Any) -> Any:
+    """The inverse of :func:`from_mapping` (``lambda_`` written as ``lambda``)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name.rstrip("_"): to_mapping(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: to_mapping(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_mapping(v) for v in obj]
+    return obj
+
+
+# --------------------------------------------------------------------------- loading
+
+def apply_override(tree: dict, assignment: str) -> None:
+    """Apply one ``dotted.key=value`` override in place; the value is parsed as YAML."""
+    if "=" not in assignment:
+        raise ConfigError(assignment, "an override must look like key=value, e.g. rounds=3")
+    dotted, raw = assignment.split("=", 1)
+    parts = dotted.strip().split(".")
+    if not all(parts):
+        raise ConfigError(dotted, "empty key in override")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as err:
+        raise ConfigError(dotted, f"cannot parse value {raw!r}: {err}") from None
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(".".join(parts[: i + 1]), "is not a section, cannot set a key inside it")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_tree(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> dict:
+    """Read the YAML file (or start empty) and apply overrides; no validation yet."""
+    tree: Any = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError("", f"config file {str(p)!r} does not exist")
+        try:
+            tree = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError("", f"config file {str(p)!r} is not valid YAML: {err}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError("", f"config file {str(p)!r} must hold a mapping at the top level")
+    for assignment in overrides:
+        apply_override(tree, assignment)
+    return tree
+
+
+
+def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Config file + overrides -> validated :class:`Config` (the algorithm section is checked by the registry)."""
+    cfg = from_mapping(Config, load_tree(path, overrides))
+    if "name" not in cfg.algorithm:
+        raise ConfigError("algorithm.name", "missing (e.g. codistill)")
+    return cfg

@@ -1,0 +1,88 @@
+"""Where this rank lives: rank, local rank, device, threads, and abort-on-exception.
+
+One rank is one client. The local rank (rank among the processes of this node, from
+``COMM_TYPE_SHARED``) picks the GPU among the visible ones, so CUDA_VISIBLE_DEVICES and Slurm's
+GPU binding are honoured; without GPUs the node's cores are split between its ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from mpi4py import MPI
+
+from .config import ConfigError
+
+
+@dataclass(frozen=True)
+class Placement:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    device: str        # "cpu" or "cuda:<i>"
+    threads: int       # torch intra-op threads on CPU
+
+
+def local_rank_and_size(comm: MPI.Comm) -> tuple[int, int]:
+    """Rank among the processes sharing this node's memory, and how many there are."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+
+
+def choose_device(requested: str, local_rank: int, gpu_count: int) -> str:
+    """auto: a GPU by local rank where there is one; cpu: CPU; cuda: a GPU or an error."""
+    if requested == "cpu" or (requested == "auto" and gpu_count == 0):
+        return "cpu"
+    if gpu_count == 0:
+        raise ConfigError("device", "cuda was requested but no GPU is visible "
+                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+    return f"cuda:{local_rank % gpu_count}"
+
+
+def cpu_threads(local_size: int) -> int:
+    """This rank's share of the cores it may run on."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count() or 1
+    return max(1, min(usable, (os.cpu_count() or 1) // max(1, local_size)))
+
+
+def place(comm: MPI.Comm, requested_device: str) -> Placement:
+    """Pin this rank: choose its device, set torch's threads, make CPU kernels deterministic."""
+    import torch
+
+    local_rank, local_size = local_rank_and_size(comm)
+    gpu_count = torch.cuda.device_count() if requested_device != "cpu" else 0
+    device = choose_device(requested_device, local_rank, gpu_count)
+    threads = cpu_threads(local_size)
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    return Placement(comm.Get_rank(), comm.Get_size(), local_rank, local_size, device, threads)
+
+
+@contextmanager
+def abort_on_exception(comm: MPI.Comm = MPI.COMM_WORLD):
+    """Any exception on any rank: print its traceback and MPI_Abort the whole job.
+
+    Without this a rank that dies leaves the others blocked in their next collective forever.
+    """
+    try:
+        yield
+    except SystemExit:
+        raise
+    except BaseException:  # noqa: BLE001 - everything, KeyboardInterrupt included, must abort
+        sys.stdout.flush()
+        sys.stderr.write(f"mpicd: rank {comm.Get_rank()} failed:\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        comm.Abort(1)

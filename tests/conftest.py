@@ -1,0 +1,51 @@
+"""Shared test helpers: run mpicd (or a driver script) under a real mpiexec, with a timeout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DRIVERS = Path(__file__).resolve().parent / "drivers"
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+PNEUMONIA = ROOT.parent / "shared" / "data" / "pneumoniamnist.npz"
+
+
+def mpi_env() -> dict:
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def mpiexec(n: int, *args: str, timeout: float = 240, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``mpiexec -n n python ARGS`` as a subprocess; a hang fails the test instead of stalling CI."""
+    command = ["mpiexec", "-n", str(n), "--oversubscribe", sys.executable, *args]
+    try:
+        return subprocess.run(command, cwd=cwd, env=mpi_env(), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"mpiexec -n {n} {' '.join(args)} did not finish within {timeout} s (hang?)\n"
+                    f"stdout: {err.stdout}\nstderr: {err.stderr}")
+
+
+def mpicd_run(n: int, config: Path, out: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run ``mpicd run`` under mpiexec and insist that it succeeded."""
+    result = mpiexec(n, "-m", "mpicd", "run", str(config), *overrides, "--out", str(out), timeout=timeout)
+    assert result.returncode == 0, f"mpicd run failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def mpicd_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m mpicd ARGS`` without MPI (for check)."""
+    return subprocess.run([sys.executable, "-m", "mpicd", *args], cwd=ROOT, env=mpi_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def require_pneumonia() -> Path:
+    if not PNEUMONIA.is_file():
+        pytest.skip(f"real data absent: {PNEUMONIA} (see ../shared/data/README.md)")
+    return PNEUMONIA

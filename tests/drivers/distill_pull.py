@@ -1,0 +1,33 @@
+"""Run under mpiexec: how far the student's mean feature of the teacher's expertise class is from
+the received representation R, before and after each local epoch (argv: config, lambda).
+
+Prints one line per rank and round: "rank round before after".
+"""
+
+import sys
+
+import torch
+
+from mpicd.comm import Comm
+from mpicd.config import load_config
+from mpicd.loop import Client, prepare
+from mpicd.runtime import abort_on_exception
+
+comm = Comm()
+with abort_on_exception(comm.mpi):
+    plan = prepare(load_config(sys.argv[1], [f"clients={comm.size}", f"algorithm.lambda={sys.argv[2]}"]))
+    client = Client(plan, comm, "cpu")
+    algorithm = client.algorithm
+
+    def distance() -> float:
+        own = client.train_y == int(plan.partition.expertise[algorithm.teacher()])
+        client.model.eval()
+        with torch.no_grad():
+            mean = client.model.features(client.train_x[own]).mean(dim=0)
+        return float(torch.linalg.vector_norm(mean - algorithm.representation))
+
+    for r in range(3):
+        algorithm.before_epoch(r)
+        before = distance()
+        client.local_epochs(r)
+        print(f"{comm.rank} {r} {before:.6g} {distance():.6g}", flush=True)

@@ -1,0 +1,18 @@
+"""The communication layer under a real mpiexec: data moves correctly and every byte is counted."""
+
+import pytest
+
+from conftest import DRIVERS, mpiexec
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 5])
+def test_every_operation_is_counted_exactly(ranks):
+    result = mpiexec(ranks, str(DRIVERS / "comm_ledger.py"), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.split("\n")[:-1]) == sorted(f"rank {r} ok" for r in range(ranks))
+
+
+def test_short_message_is_an_error_not_a_silent_short_buffer():
+    result = mpiexec(2, str(DRIVERS / "comm_ledger.py"), "short", timeout=120)
+    assert result.returncode != 0
+    assert "expected 40 bytes from rank 0" in result.stderr and "received 36" in result.stderr
