@@ -62,7 +62,7 @@ def software_versions() -> dict:
     from mpi4py import MPI
 
     return {
-        "python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__,
+        "python": platform.python_version(), "numpy": np.__version__, "torch": str(torch.__version__),
         "h5py": h5py.__version__, "hdf5": h5py.version.hdf5_version, "h5py_mpi": bool(h5py.get_config().mpi),
         "mpi4py": mpi4py.__version__, "mpi": MPI.Get_library_version().splitlines()[0].strip(),
     }
@@ -76,7 +76,8 @@ class Client:
         self.plan, self.comm, self.device = plan, comm, torch.device(device)
         rank = comm.rank
         train = plan.dataset.train
-        own = plan.partition.train_indices[rank]
+        own = (np.concatenate(plan.partition.train_indices) if plan.algorithm_cls.trains_on_union
+               else plan.partition.train_indices[rank])
         self.train_x = torch.from_numpy(train.x[own]).to(self.device)
         self.train_y = torch.from_numpy(train.y[own]).to(self.device)
         self.test_x = torch.from_numpy(plan.dataset.test.x).to(self.device)
@@ -170,7 +171,8 @@ def run(plan: Plan, comm, device: str, out: str | Path, log: Callable[[str], Non
         out, comm, rounds=cfg.rounds, num_classes=plan.dataset.num_classes, attrs=results_attrs(plan, client),
         train_counts=plan.partition.train_counts, test_counts=np.tile(test_counts, (cfg.clients, 1)),
         expertise=plan.partition.expertise, parallel=parallel_io)
-    for r in range(cfg.round        started = time.perf_counter()
+    for r in range(cfg.rounds):
+        started = time.perf_counter()
         ledger.begin_round()
         client.algorithm.before_epoch(r)
         loss = client.local_epochs(r)

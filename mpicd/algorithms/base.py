@@ -61,6 +61,7 @@ class Algorithm:
 
     name: ClassVar[str]
     Params: ClassVar[type] = NoParams
+    trains_on_union: ClassVar[bool] = False  # True: every rank trains on all clients' training data
 
     def __init__(self, params, ctx: Context):
         self.params = params
