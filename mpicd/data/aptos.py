@@ -1,0 +1,49 @@
+"""APTOS 2019 blindness detection (Kaggle layout), binarised as in the paper: grade 0 vs grades 1-4.
+
+``<path>/train.csv`` (id_code, diagnosis) and ``<path>/train_images/<id_code>.png``; Kaggle's
+test images have no labels, so the held-out set is a stratified split of train.csv.
+"""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+
+from mpicd.config import ConfigError, DataConfig
+from mpicd.data.base import Dataset, existing_path, holdout_dataset, read_grey_png, reject_unused
+
+CLASS_NAMES = ("no_dr", "dr")
+DEFAULT_SIZE = 64
+GRADES = ("0", "1", "2", "3", "4")
+
+
+def load(cfg: DataConfig) -> Dataset:
+    reject_unused(cfg, "classes")
+    root = existing_path(cfg, want_dir=True, what="the APTOS 2019 folder holding train.csv and train_images/")
+    table = root / "train.csv"
+    if not table.is_file():
+        raise ConfigError("data.path", f"{str(table)!r} does not exist (APTOS layout: train.csv, train_images/)")
+    with table.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in ("id_code", "diagnosis") if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ConfigError("data.path", f"{str(table)!r} has no column {missing[0]!r} "
+                                           f"(columns: {reader.fieldnames})")
+        rows = list(reader)
+    if not rows:
+        raise ConfigError("data.path", f"{str(table)!r} lists no images")
+    size = cfg.image_size or DEFAULT_SIZE
+    images, labels = [], []
+    for line, row in enumerate(rows, start=2):
+        grade = (row["diagnosis"] or "").strip()
+        if grade not in GRADES:
+            raise ConfigError("data.path", f"{str(table)!r} line {line}: diagnosis {grade!r} is not one of 0-4")
+        image = root / "train_images" / f"{(row['id_code'] or '').strip()}.png"
+        if not image.is_file():
+            raise ConfigError("data.path", f"image {str(image)!r} listed in {str(table)!r} line {line} "
+                                           f"does not exist")
+        images.append(read_grey_png(image, size))
+        labels.append(int(grade != "0"))
+    y = np.asarray(labels, dtype=np.int64)
+    return holdout_dataset("aptos", np.stack(images)[:, None], y, CLASS_NAMES, cfg, str(table))

@@ -1,0 +1,35 @@
+"""COVID-19 Radiography Database layout: ``<path>/<Class>/images/*.png``, one folder per class.
+
+Classes come from data.classes in label order (default Normal, COVID); the held-out set is a
+stratified split, since the database has no official one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mpicd.config import ConfigError, DataConfig
+from mpicd.data.base import Dataset, existing_path, holdout_dataset, read_grey_png
+
+DEFAULT_CLASSES = ("Normal", "COVID")
+DEFAULT_SIZE = 64
+
+
+def load(cfg: DataConfig) -> Dataset:
+    root = existing_path(cfg, want_dir=True, what="the COVID-19 Radiography Database folder")
+    classes = tuple(cfg.classes) if cfg.classes is not None else DEFAULT_CLASSES
+    if len(classes) < 2 or len(set(classes)) != len(classes):
+        raise ConfigError("data.classes", f"needs at least two distinct class folders, got {list(classes)}")
+    size = cfg.image_size or DEFAULT_SIZE
+    images, labels = [], []
+    for label, name in enumerate(classes):
+        folder = root / name / "images"
+        files = sorted(folder.glob("*.png")) if folder.is_dir() else []
+        if not files:
+            state = "has no .png images" if folder.is_dir() else "does not exist"
+            key = "data.classes" if cfg.classes is not None else "data.path"
+            raise ConfigError(key, f"class {name!r}: folder {str(folder)!r} {state}")
+        images += [read_grey_png(f, size) for f in files]
+        labels += [label] * len(files)
+    x = np.stack(images)[:, None]
+    return holdout_dataset("covid", x, np.asarray(labels, dtype=np.int64), classes, cfg, str(root))

@@ -1,0 +1,78 @@
+"""Built-in breast cancer data: 569 cases, a disjoint stratified held-out split, train-only scaling."""
+
+import typing
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_breast_cancer
+
+from mpicd.config import ConfigError, DataConfig
+from mpicd.data import LOADERS, load_dataset
+from mpicd.data.base import stratified_holdout
+from mpicd.data.partition import make_partition
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return load_dataset(DataConfig())
+
+
+def rows(x):
+    return {r.tobytes() for r in x}
+
+
+def test_shapes_labels_and_metadata(dataset):
+    assert len(dataset.train.y) + len(dataset.test.y) == 569
+    assert dataset.input_shape == (30,) and dataset.kind == "tabular" and dataset.val is None
+    assert dataset.class_names == ("malignant", "benign") and dataset.num_classes == 2
+    assert dataset.train.x.dtype == np.float32 and dataset.train.y.dtype == np.int64
+    assert f"({len(dataset.test.y)} cases)" in dataset.eval_split and "split_seed=0" in dataset.eval_split
+
+
+def test_held_out_split_is_stratified_and_disjoint(dataset):
+    # sklearn: 212 malignant, 357 benign; 20% of each class held out, rounded
+    assert np.bincount(dataset.test.y).tolist() == [42, 71]
+    assert np.bincount(dataset.train.y).tolist() == [170, 286]
+    assert not rows(dataset.test.x) & rows(dataset.train.x)
+
+
+def test_standardised_with_training_statistics_only(dataset):
+    raw = load_breast_cancer()
+    train, test = stratified_holdout(raw.target, DataConfig(), ("malignant", "benign"), "sklearn")
+    mean, std = raw.data[train].mean(axis=0), raw.data[train].std(axis=0)
+    np.testing.assert_allclose(dataset.train.x, (raw.data[train] - mean) / std, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dataset.test.x, (raw.data[test] - mean) / std, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dataset.train.x.mean(axis=0), 0.0, atol=1e-5)
+    assert np.abs(dataset.test.x.mean(axis=0)).max() > 1e-3
+
+
+def test_split_follows_split_seed_and_fraction(dataset):
+    again = load_dataset(DataConfig())
+    np.testing.assert_array_equal(again.test.x, dataset.test.x)
+    other = load_dataset(DataConfig(split_seed=1))
+    assert rows(other.test.x) != rows(dataset.test.x)
+    half = load_dataset(DataConfig(test_fraction=0.5))
+    assert np.bincount(half.test.y).tolist() == [106, 179]  # 0.5 * 357 = 178.5 rounds up
+
+
+def test_no_held_out_case_reaches_a_client(dataset):
+    part = make_partition(dataset.train.y, 2, 4, 0.6, None, seed=0)
+    held_out = rows(dataset.test.x)
+    for idx in part.train_indices:
+        assert idx.max() < len(dataset.train.y)
+        assert not rows(dataset.train.x[idx]) & held_out
+
+
+@pytest.mark.parametrize("key, value", [("path", "/tmp/x"), ("classes", ["a", "b"]), ("image_size", 32)])
+def test_keys_it_does_not_use_are_errors(key, value):
+    with pytest.raises(ConfigError) as err:
+        load_dataset(DataConfig(**{key: value}))
+    assert err.value.key == f"data.{key}" and "breast_cancer" in str(err.value)
+
+
+def test_registry_covers_every_configurable_format():
+    names = typing.get_args(typing.get_type_hints(DataConfig)["name"])
+    assert set(LOADERS) == set(names)
+    with pytest.raises(ConfigError) as err:
+        load_dataset(DataConfig(name="imagenet"))
+    assert err.value.key == "data.name"
