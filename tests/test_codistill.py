@@ -71,12 +71,16 @@ def test_results_file_holds_the_contract(run):
                                   res.metrics["recall"][:, np.arange(ranks), other])
 
 
-def test_distillation_pulls_student_features_toward_the_representation():
+def test_distillation_pulls_student_features_toward_the_representation(tmp_path):
     def distances(lam):
-        result = mpiexec(4, str(DRIVERS / "distill_pull.py"), str(QUICKSTART), str(lam), timeout=180)
+        folder = tmp_path / str(lam)
+        folder.mkdir()
+        result = mpiexec(4, str(DRIVERS / "distill_pull.py"), str(QUICKSTART), str(lam), str(folder),
+                         "train.local_epochs=3", timeout=180)
         assert result.returncode == 0, result.stderr
-        rows = np.array([[float(v) for v in line.split()] for line in result.stdout.splitlines()])
-        return rows[:, 2], rows[:, 3]
+        rows = np.array([[float(v) for v in line.split()] for rank in range(4)
+                         for line in (folder / f"rank{rank}.txt").read_text().splitlines()])
+        return rows[:, 1], rows[:, 2]
 
     before_strong, after_strong = distances(100.0)
     _, after_none = distances(0.0)

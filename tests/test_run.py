@@ -52,14 +52,14 @@ def test_a_failing_rank_aborts_the_job_promptly_and_keeps_completed_rounds(tmp_p
 
 @pytest.mark.parametrize("ranks, overrides, message", [
     (2, [], "the config has 4 clients but the job has 2 MPI ranks"),
-    (4, ["data.skew=1.5"], "data.skew: must be < 1"),
-    (4, ["algorithm.lambda=-1"], "algorithm.lambda: must be >= 0"),
-    (4, ["algorithm.k=0"], "algorithm.k: must be >= 1"),
-    (4, ["algorithm.k=1000"], "algorithm.k: is 1000, but client 0 has only"),
-    (4, ["rounds=0"], "rounds: must be >= 1"),
-    (4, ["data.name=medmnist", "data.path=/nonexistent/pneumonia.npz"], "/nonexistent/pneumonia.npz"),
+    (2, ["clients=2", "data.skew=1.5"], "data.skew: must be < 1"),
+    (2, ["clients=2", "algorithm.lambda=-1"], "algorithm.lambda: must be >= 0"),
+    (2, ["clients=2", "algorithm.k=0"], "algorithm.k: must be >= 1"),
+    (2, ["clients=2", "algorithm.k=1000"], "algorithm.k: is 1000, but client 0 has only"),
+    (2, ["clients=2", "rounds=0"], "rounds: must be >= 1"),
+    (2, ["clients=2", "data.name=medmnist", "data.path=/nonexistent/pneumonia.npz"], "/nonexistent/pneumonia.npz"),
     (4, ["data.images_per_class=500"], "data.images_per_class"),
-    (4, ["learning_rate=0.1"], "learning_rate: unknown key"),
+    (2, ["clients=2", "learning_rate=0.1"], "learning_rate: unknown key"),
 ])
 def test_bad_input_exits_2_with_one_clear_message(tmp_path, ranks, overrides, message):
     out = tmp_path / "never.h5"

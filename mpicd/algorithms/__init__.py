@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from ..config import ConfigError, from_mapping
 from .base import Algorithm, Batch, Context
+from .centralized import Centralized
 from .codistill import CoDistillation
+from .fedamp import FedAMP
+from .fedavg import FedAvg
+from .feddistill import FedDistill
+from .fedproto import FedProto
 from .local import LocalOnly
 
 REGISTRY: dict[str, type[Algorithm]] = {
     CoDistillation.name: CoDistillation,
     LocalOnly.name: LocalOnly,
+    FedAvg.name: FedAvg,
+    FedProto.name: FedProto,
+    FedDistill.name: FedDistill,
+    FedAMP.name: FedAMP,
+    Centralized.name: Centralized,
 }
 
 

@@ -1,10 +1,12 @@
 """Run under mpiexec: how far the student's mean feature of the teacher's expertise class is from
-the received representation R, before and after each local epoch (argv: config, lambda).
+the received representation R, before and after each local epoch (argv: config, lambda, folder,
+overrides...).
 
-Prints one line per rank and round: "rank round before after".
+Writes folder/rank<r>.txt with one line per round: "round before after".
 """
 
 import sys
+from pathlib import Path
 
 import torch
 
@@ -15,7 +17,7 @@ from mpicd.runtime import abort_on_exception
 
 comm = Comm()
 with abort_on_exception(comm.mpi):
-    plan = prepare(load_config(sys.argv[1], [f"clients={comm.size}", f"algorithm.lambda={sys.argv[2]}"]))
+    plan = prepare(load_config(sys.argv[1], [f"clients={comm.size}", f"algorithm.lambda={sys.argv[2]}", *sys.argv[4:]]))
     client = Client(plan, comm, "cpu")
     algorithm = client.algorithm
 
@@ -26,8 +28,10 @@ with abort_on_exception(comm.mpi):
             mean = client.model.features(client.train_x[own]).mean(dim=0)
         return float(torch.linalg.vector_norm(mean - algorithm.representation))
 
+    lines = []
     for r in range(3):
         algorithm.before_epoch(r)
         before = distance()
         client.local_epochs(r)
-        print(f"{comm.rank} {r} {before:.6g} {distance():.6g}", flush=True)
+        lines.append(f"{r} {before!r} {distance()!r}\n")
+    (Path(sys.argv[3]) / f"rank{comm.rank}.txt").write_text("".join(lines))

@@ -1,0 +1,16 @@
+"""Centralised training (the upper reference): every rank trains on the union of all clients' data.
+
+``trains_on_union`` makes the loop give every rank the concatenation of all clients' training
+sets (the same held-out evaluation set as every other algorithm); nothing crosses MPI. Each rank
+keeps its own shuffle order, so the N models are N runs of centralised training, each scored
+by the minority accuracy of that rank's client (its non-expertise class).
+"""
+
+from __future__ import annotations
+
+from .base import Algorithm
+
+
+class Centralized(Algorithm):
+    name = "centralized"
+    trains_on_union = True

@@ -1,0 +1,77 @@
+"""Federated distillation (Jeong et al. 2018; Seo et al.): clients share per-class mean logits.
+
+The same pattern as FedProto with logits instead of features: during the round each client
+accumulates per-class sums of its training-mode logits (detached); after the epoch it
+contributes ``[per-class mean logits (C x C) ; presence flags (C)]`` (float32) to an
+Allreduce(SUM). A class absent from a client that round has a zero row and flag 0. The teacher
+of class c is ``z[c] = sum of the means / number of clients that had c``; from the next round
+the batch loss is ``CE + lambda * CE_soft(z_b, softmax(z[y_b]))``, averaged over the batch's
+samples whose class has a teacher.
+
+``exclude_self: true`` is Jeong et al.'s original: the teacher of class c on rank i is the mean
+over the *other* clients, computed locally from the same Allreduce result by subtracting this
+rank's own mean row and flag; a class that no other client had gets no term.
+
+Bytes per round per rank: ``4 C (C + 1)`` sent and received (kind ``allreduce``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..config import spec
+from .base import Algorithm, Batch, Context
+from .fedproto import PerClassMeans, mean_over_clients
+
+
+def teacher_logits(received: np.ndarray, sent: np.ndarray, num_classes: int,
+                   exclude_self: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Allreduce result (and this rank's own payload) -> (teacher logits (C, C), has_teacher (C,))."""
+    c = num_classes
+    summed, contributors = received[: c * c].reshape(c, c), received[c * c:]
+    if exclude_self:
+        summed = summed - sent[: c * c].reshape(c, c)
+        contributors = contributors - sent[c * c:]
+    return mean_over_clients(summed, contributors)
+
+
+@dataclass
+class FedDistillParams:
+    lambda_: float = spec(1.0, ge=0.0, doc="weight of the soft-target cross-entropy to the mean logits of y")
+    exclude_self: bool = spec(False, doc="true: the teacher is the other clients' mean (Jeong et al.'s original)")
+
+
+class FedDistill(Algorithm):
+    name = "feddistill"
+    Params = FedDistillParams
+
+    def __init__(self, params: FedDistillParams, ctx: Context):
+        super().__init__(params, ctx)
+        self.local = PerClassMeans(ctx.num_classes, ctx.num_classes, ctx.device)
+        self.sent: np.ndarray | None = None
+        self.received: np.ndarray | None = None
+        self.targets: torch.Tensor | None = None      # (C, C) softmax of the teacher logits
+        self.has_teacher: torch.Tensor | None = None  # (C,) bool
+
+    def before_epoch(self, round_index: int) -> None:
+        self.local.reset()
+
+    def extra_loss(self, batch: Batch) -> torch.Tensor | None:
+        self.local.add(batch.logits, batch.y)
+        if self.targets is None or self.params.lambda_ == 0.0:
+            return None
+        mask = self.has_teacher[batch.y]
+        if not bool(mask.any()):
+            return None
+        return self.params.lambda_ * F.cross_entropy(batch.logits[mask], self.targets[batch.y[mask]])
+
+    def after_epoch(self, round_index: int) -> None:
+        self.sent = self.local.payload()
+        self.received = self.ctx.comm.allreduce_sum(self.sent)
+        logits, has = teacher_logits(self.received, self.sent, self.ctx.num_classes, self.params.exclude_self)
+        self.targets = torch.softmax(torch.from_numpy(logits).to(self.ctx.device), dim=1)
+        self.has_teacher = torch.from_numpy(has).to(self.ctx.device)
