@@ -6,9 +6,10 @@ buffers and ``n_i`` is its actual training-set size after skew (the authors' cod
 pre-skew size, so their weights did not sum to 1). Every rank then sets
 ``theta <- sum[:-1] / sum[-1]``: the sample-weighted mean with weights ``n_i / sum(n)``, which
 sum to 1. All ranks divide the same reduced vector the same way, so they end the round holding
-bit-identical models. Bytes per round per rank: ``4 (P + B + 1)`` sent and received (kind
-``allreduce``), B = floating buffer elements (0 for lenet and mlp; BatchNorm statistics for
-resnet18).
+bit-identical models (MPI recommends, and Open MPI and MPICH deliver, the same reduced vector on
+every rank; the tests check the bits at 2, 4 and 6 ranks). Bytes per round per rank:
+``4 (P + B + 1)`` sent and received (kind ``allreduce``), B = floating buffer elements (0 for
+lenet and mlp; BatchNorm statistics for resnet18).
 
 The optimizer's state (Adam's moments) stays on each client, as in FedAvg with local optimizers.
 """

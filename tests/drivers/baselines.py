@@ -1,0 +1,130 @@
+"""Run under mpiexec: everything the baseline tests need from one MPI job (one start-up, ~10 s
+each on a small box, instead of one per check). argv: OUT_DIR [PNEUMONIA_NPZ or -].
+
+1. ``stats``: FedAvg, FedProto, FedDistill (both teachers) and FedAMP (both similarities) for a
+   few rounds on the quick-start data, calling the algorithm's hooks directly, and dumping what
+   each rank had before, sent, received and derived after every exchange to
+   ``OUT/<variant>_rank<r>.npz`` (keys ``<name>_<round>``). Ranks get different training-set
+   sizes (rank r drops 3 r samples) so FedAvg's weights differ, and rank 0 drops class 1 for
+   FedProto / FedDistill so that a class is absent on one client.
+2. ``identical``: FedAvg with every rank holding rank 0's data and shuffle order, next to a
+   single-process local run on the same data: ``OUT/identical_rank<r>.npz``.
+3. ``runs``: ``mpicd run`` (the real CLI entry point, in this process) for every algorithm on
+   the quick-start data and, if given, PneumoniaMNIST: ``OUT/<name>.h5``.
+"""
+
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mpicd.algorithms import REGISTRY
+from mpicd.algorithms.fedavg import averaged_tensors, flatten
+from mpicd.cli import main
+from mpicd.comm import Comm
+from mpicd.config import load_config
+from mpicd.loop import Client, prepare
+from mpicd.runtime import abort_on_exception
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+PNEUMONIA_CONFIG = ROOT / "configs" / "pneumoniamnist.yaml"
+STATS_ROUNDS = 3
+IDENTICAL_ROUNDS = 3
+RUN_ROUNDS = 2
+
+STATS_VARIANTS = {
+    "fedavg": "{name: fedavg}",
+    "fedproto": "{name: fedproto}",
+    "feddistill": "{name: feddistill}",
+    "feddistill_exclude": "{name: feddistill, exclude_self: true}",
+    "fedamp": "{name: fedamp}",
+    "fedamp_cosine": "{name: fedamp, similarity: cosine}",
+}
+
+comm = Comm()
+out = Path(sys.argv[1])
+pneumonia = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "-" else None
+torch.set_num_threads(1)
+
+
+def set_data(client: Client, keep: torch.Tensor) -> None:
+    client.train_x, client.train_y = client.train_x[keep], client.train_y[keep]
+    client.algorithm.ctx.train_x, client.algorithm.ctx.train_y = client.train_x, client.train_y
+
+
+def stats(variant: str, algorithm: str) -> None:
+    plan = prepare(load_config(QUICKSTART, [f"clients={comm.size}", f"algorithm={algorithm}"]))
+    client = Client(plan, comm, "cpu")
+    alg = client.algorithm
+    keep = torch.arange(len(client.train_y)) >= 3 * comm.rank          # n_i differ between ranks
+    if variant.startswith(("fedproto", "feddistill")) and comm.rank == 0:
+        keep &= client.train_y != 1                                      # class 1 absent on rank 0
+    set_data(client, keep)
+    dump = {"n": np.array(len(client.train_y)), "counts": np.bincount(client.train_y.numpy(), minlength=2)}
+    for r in range(STATS_ROUNDS):
+        alg.before_epoch(r)
+        client.local_epochs(r)
+        dump[f"pre_{r}"] = flatten(averaged_tensors(client.model))
+        alg.after_epoch(r)
+        dump[f"post_{r}"] = flatten(averaged_tensors(client.model))
+        if variant == "fedproto":
+            dump[f"sent_{r}"], dump[f"received_{r}"] = alg.sent, alg.received
+            dump[f"derived_{r}"] = alg.prototypes.numpy()
+            dump[f"has_{r}"] = alg.has_prototype.numpy()
+        elif variant.startswith("feddistill"):
+            dump[f"sent_{r}"], dump[f"received_{r}"] = alg.sent, alg.received
+            dump[f"derived_{r}"] = alg.targets.numpy()
+            dump[f"has_{r}"] = alg.has_teacher.numpy()
+        elif variant.startswith("fedamp"):
+            dump[f"xi_{r}"] = alg.xi
+            dump[f"cloud_{r}"] = flatten(alg.cloud)
+    np.savez(out / f"{variant}_rank{comm.rank}.npz", **dump)
+
+
+def identical() -> None:
+    """FedAvg where every rank trains on rank 0's data in rank 0's order, and one local run."""
+    overrides = [f"clients={comm.size}"]
+    fed = Client(prepare(load_config(QUICKSTART, [*overrides, "algorithm={name: fedavg}"])), comm, "cpu")
+    local_plan = prepare(load_config(QUICKSTART, [*overrides, "algorithm={name: local}"]))
+    single = Client(local_plan, types.SimpleNamespace(rank=0, size=1), "cpu")  # one process, rank 0's data
+    fed.train_x, fed.train_y = single.train_x, single.train_y
+    fed.algorithm.ctx.train_x, fed.algorithm.ctx.train_y = single.train_x, single.train_y
+    fed.comm = types.SimpleNamespace(rank=0)  # the loop's shuffle order is keyed by rank: use rank 0's
+    dump = {}
+    for r in range(IDENTICAL_ROUNDS):
+        fed.algorithm.before_epoch(r)
+        fed.local_epochs(r)
+        fed.algorithm.after_epoch(r)
+        single.local_epochs(r)
+        dump[f"fedavg_{r}"] = flatten(averaged_tensors(fed.model))
+        dump[f"single_{r}"] = flatten(averaged_tensors(single.model))
+    np.savez(out / f"identical_rank{comm.rank}.npz", **dump)
+
+
+def runs() -> None:
+    base = [f"clients={comm.size}", f"rounds={RUN_ROUNDS}"]
+    plans = {f"{name}_quick": (QUICKSTART, [f"algorithm={{name: {name}}}"]) for name in REGISTRY}
+    plans["fedamp_lambda0_quick"] = (QUICKSTART, ["algorithm={name: fedamp, lambda: 0}"])
+    plans["fedproto_nearest_quick"] = (QUICKSTART, ["algorithm={name: fedproto, predict: nearest_prototype}"])
+    plans["feddistill_exclude_quick"] = (QUICKSTART, ["algorithm={name: feddistill, exclude_self: true}"])
+    if pneumonia:
+        for name in REGISTRY:
+            plans[f"{name}_pneumonia"] = (PNEUMONIA_CONFIG, [f"algorithm={{name: {name}}}", f"data.path={pneumonia}",
+                                                             "data.images_per_class=40"])
+    for label, (config, overrides) in plans.items():
+        code = main(["run", str(config), *base, *overrides, "--out", str(out / f"{label}.h5")])
+        if code != 0:
+            raise RuntimeError(f"mpicd run {label} exited with {code}")
+
+
+with abort_on_exception(comm.mpi):
+    for variant, algorithm in STATS_VARIANTS.items():
+        stats(variant, algorithm)
+    identical()
+    runs()
+    comm.mpi.Barrier()
+    if comm.rank == 0:
+        print("baselines driver done", flush=True)

@@ -1,0 +1,158 @@
+"""Every algorithm end to end under a real mpiexec (2, 4 and 6 ranks), on the built-in data and on
+PneumoniaMNIST: the bytes in the results file are exactly each protocol's payload.
+
+One MPI job per rank count (``tests/drivers/baselines.py``) serves every baseline test module:
+``baselines_job(ranks)`` runs it once per pytest process and caches the output folder, because
+each mpiexec start costs ~10 s on a small box.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpicd.algorithms import REGISTRY
+from mpicd.config import ConfigError, load_config
+from mpicd.loop import prepare
+from mpicd.results import Results
+
+from conftest import DRIVERS, PNEUMONIA, QUICKSTART, mpiexec, require_pneumonia
+
+RANKS = [2, 4, 6]
+RUN_ROUNDS = 2  # tests/drivers/baselines.py RUN_ROUNDS
+ALGORITHMS = ("codistill", "local", "fedavg", "fedproto", "feddistill", "fedamp", "centralized")
+
+
+@functools.lru_cache(maxsize=None)
+def baselines_job(ranks: int) -> Path:
+    """Run the baselines driver under ``mpiexec -n ranks`` once; the folder holding its outputs."""
+    out = Path(tempfile.mkdtemp(prefix=f"mpicd-baselines{ranks}-"))
+    atexit.register(shutil.rmtree, out, True)
+    data = str(PNEUMONIA) if PNEUMONIA.is_file() else "-"
+    result = mpiexec(ranks, str(DRIVERS / "baselines.py"), str(out), data, timeout=120 + 60 * ranks)
+    assert result.returncode == 0, f"baselines driver failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+    return out
+
+
+def rank_dumps(out: Path, variant: str, ranks: int) -> list[dict]:
+    """The driver's per-rank .npz dumps of one variant, as dicts."""
+    return [dict(np.load(out / f"{variant}_rank{r}.npz")) for r in range(ranks)]
+
+
+@pytest.fixture(scope="module", params=RANKS)
+def job(request):
+    return request.param, baselines_job(request.param)
+
+
+def expected_bytes(name: str, res: Results) -> tuple[str | None, int, int]:
+    """(kind, sent, received) per rank and round as the protocol says; kind None: nothing moves."""
+    p, d, c, n = (int(res.attrs[k]) for k in ("num_parameters", "feature_dim", "num_classes", "clients"))
+    return {
+        "fedavg": ("allreduce", 4 * (p + 1), 4 * (p + 1)),
+        "fedproto": ("allreduce", 4 * c * (d + 1), 4 * c * (d + 1)),
+        "feddistill": ("allreduce", 4 * c * (c + 1), 4 * c * (c + 1)),
+        "fedamp": ("allgather", 4 * p, 4 * n * p),
+        "local": (None, 0, 0),
+        "centralized": (None, 0, 0),
+    }[name]
+
+
+def check_bytes(name: str, res: Results, ranks: int) -> None:
+    kind, sent, recv = expected_bytes(name, res)
+    assert res.completed_rounds == RUN_ROUNDS
+    assert np.array_equal(res.metrics["bytes_sent"], np.full((RUN_ROUNDS, ranks), sent)), name
+    assert np.array_equal(res.metrics["bytes_recv"], np.full((RUN_ROUNDS, ranks), recv)), name
+    for k, kind_name in enumerate(res.kinds):
+        if kind_name != kind:
+            assert not res.bytes_sent_by_kind[:, :, k].any() and not res.bytes_recv_by_kind[:, :, k].any(), name
+        else:
+            assert (res.bytes_sent_by_kind[:, :, k] == sent).all() and (res.bytes_recv_by_kind[:, :, k] == recv).all()
+
+
+BASELINES = ("fedavg", "fedproto", "feddistill", "fedamp", "local", "centralized")
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_bytes_per_round_per_rank_are_the_protocol_payload(job, name):
+    ranks, out = job
+    check_bytes(name, Results(out / f"{name}_quick.h5"), ranks)
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_bytes_on_pneumoniamnist(job, name):
+    require_pneumonia()
+    ranks, out = job
+    res = Results(out / f"{name}_pneumonia.h5")
+    assert res.attrs["dataset"] == "pneumoniamnist" and res.attrs["feature_dim"] == 200
+    check_bytes(name, res, ranks)
+
+
+def test_options_keep_the_payload(job):
+    ranks, out = job
+    check_bytes("fedproto", Results(out / "fedproto_nearest_quick.h5"), ranks)
+    check_bytes("feddistill", Results(out / "feddistill_exclude_quick.h5"), ranks)
+    check_bytes("fedamp", Results(out / "fedamp_lambda0_quick.h5"), ranks)
+
+
+@pytest.mark.parametrize("dataset", ["quick", "pneumonia"])
+def test_every_algorithm_runs_end_to_end(job, dataset):
+    if dataset == "pneumonia":
+        require_pneumonia()
+    ranks, out = job
+    for name in ALGORITHMS:
+        res = Results(out / f"{name}_{dataset}.h5")
+        assert res.attrs["algorithm"] == name and res.config["algorithm"]["name"] == name
+        assert res.completed_rounds == RUN_ROUNDS and res.attrs["clients"] == ranks
+        for metric in ("train_loss", "test_acc", "balanced_acc", "minority_acc"):
+            values = res.metrics[metric]
+            assert values.shape == (RUN_ROUNDS, ranks) and np.isfinite(values).all(), (name, metric)
+        assert ((res.metrics["test_acc"] >= 0) & (res.metrics["test_acc"] <= 1)).all()
+
+
+def test_resolved_hyper_parameters_are_in_the_results_file(job):
+    _, out = job
+    config = {name: Results(out / f"{name}_quick.h5").config["algorithm"] for name in BASELINES}
+    assert config["fedavg"] == {"name": "fedavg"}
+    assert config["fedproto"] == {"name": "fedproto", "lambda": 1.0, "predict": "head"}
+    assert config["feddistill"] == {"name": "feddistill", "lambda": 1.0, "exclude_self": False}
+    assert config["fedamp"] == {"name": "fedamp", "lambda": 0.1, "sigma": 1e-4, "alpha": "auto",
+                                "similarity": "gaussian", "self_weight": 0.5, "cosine_scale": 10.0}
+    assert config["centralized"] == {"name": "centralized"}
+
+
+def test_registry_has_every_algorithm():
+    assert set(ALGORITHMS) == set(REGISTRY)
+    for name, cls in REGISTRY.items():
+        assert cls.name == name
+        assert len(sys.modules[cls.__module__].__doc__ or "") > 40, f"{name}: say what it sends and why"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("algorithm={name: fedproto, lambda: -1}", "algorithm.lambda"),
+    ("algorithm={name: fedproto, predict: knn}", "algorithm.predict"),
+    ("algorithm={name: feddistill, exclude_self: 1}", "algorithm.exclude_self"),
+    ("algorithm={name: feddistill, temperature: 2}", "algorithm.temperature"),
+    ("algorithm={name: fedamp, sigma: 0}", "algorithm.sigma"),
+    ("algorithm={name: fedamp, alpha: -1}", "algorithm.alpha"),
+    ("algorithm={name: fedamp, alpha: 1.0e-4}", "algorithm.alpha"),  # > sigma / (clients - 1): xi_ii < 0
+    ("algorithm={name: fedamp, self_weight: 1.5}", "algorithm.self_weight"),
+    ("algorithm={name: fedamp, similarity: dot}", "algorithm.similarity"),
+    ("algorithm={name: fedavg, lambda: 1}", "algorithm.lambda"),
+    ("algorithm={name: centralized, k: 3}", "algorithm.k"),
+])
+def test_bad_hyper_parameters_are_rejected_naming_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        prepare(load_config(QUICKSTART, [override]))
+    assert err.value.key == key, str(err.value)
+
+
+def test_valid_alpha_is_accepted():
+    prepare(load_config(QUICKSTART, ["algorithm={name: fedamp, alpha: 3.0e-5}"]))  # 3 * 3e-5 <= 1e-4
+    prepare(load_config(QUICKSTART, ["algorithm={name: fedamp, alpha: 1.0, similarity: cosine}"]))

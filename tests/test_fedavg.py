@@ -1,0 +1,91 @@
+"""FedAvg: one Allreduce of [n_i theta_i ; n_i]; every rank ends the round with the weighted mean."""
+
+
+import numpy as np
+import pytest
+import torch
+
+from mpicd.algorithms.base import Context, NoParams
+from mpicd.algorithms.fedavg import FedAvg, assign, averaged_tensors, flatten
+from mpicd.models import build_model, num_parameters, resnet18
+
+from test_baselines_e2e import RANKS, baselines_job, rank_dumps
+
+STATS_ROUNDS = 3  # tests/drivers/baselines.py
+
+
+class SummingComm:
+    """A stand-in for Comm: the 'other ranks' contribute fixed vectors to the sum."""
+
+    def __init__(self, others):
+        self.rank, self.size, self.others, self.sent = 0, 1 + len(others), others, None
+
+    def allreduce_sum(self, array):
+        self.sent = array.copy()
+        return array + sum(self.others)
+
+
+def context(model, comm, n):
+    x, y = torch.randn(n, 8), torch.arange(n) % 2
+    return Context(comm=comm, model=model, device=torch.device("cpu"), seed=0, num_classes=2,
+                   expertise=np.array([0, 1]), train_x=x, train_y=y)
+
+
+def test_payload_is_n_theta_then_n_and_the_result_is_the_weighted_mean():
+    torch.manual_seed(0)
+    model = build_model("mlp", (8,), 2, 4, 6)
+    p = num_parameters(model)
+    theta = flatten(list(model.parameters()))
+    other = np.linspace(-1, 1, p).astype(np.float32)
+    comm = SummingComm([np.concatenate([30 * other, [30]]).astype(np.float32)])
+    FedAvg(NoParams(), context(model, comm, 10)).after_epoch(0)
+    assert comm.sent.dtype == np.float32 and comm.sent.shape == (p + 1,)
+    np.testing.assert_allclose(comm.sent, np.concatenate([10 * theta, [10]]), rtol=1e-6)
+    np.testing.assert_allclose(flatten(list(model.parameters())), (10 * theta + 30 * other) / 40, rtol=1e-5, atol=1e-7)
+
+
+def test_batchnorm_buffers_are_averaged_but_not_the_step_counter():
+    model = resnet18(1, 2)
+    tensors = averaged_tensors(model)
+    names = {id(b): n for n, b in model.named_buffers()}
+    buffers = [names[id(t)] for t in tensors if id(t) in names]
+    assert buffers and all(n.endswith(("running_mean", "running_var")) for n in buffers)
+    assert not any(n.endswith("num_batches_tracked") for n in buffers)
+    assert len(tensors) == len(list(model.parameters())) + len(buffers)
+    vector = np.arange(sum(t.numel() for t in tensors), dtype=np.float32)
+    assign(tensors, vector)
+    np.testing.assert_array_equal(flatten(tensors), vector)
+    counter = dict(model.named_buffers())["features.bn1.num_batches_tracked"]
+    assert counter.dtype == torch.int64 and int(counter) == 0
+
+
+@pytest.fixture(scope="module", params=RANKS)
+def stats(request):
+    ranks = request.param
+    return ranks, baselines_job(ranks)
+
+
+def test_all_ranks_hold_the_bit_identical_sample_weighted_mean(stats):
+    ranks, out = stats
+    dumps = rank_dumps(out, "fedavg", ranks)
+    n = np.array([int(d["n"]) for d in dumps], dtype=np.float64)
+    assert len(set(n)) == ranks  # the driver gives every rank a different training-set size
+    for r in range(STATS_ROUNDS):
+        pre = np.stack([d[f"pre_{r}"] for d in dumps]).astype(np.float64)
+        post = np.stack([d[f"post_{r}"] for d in dumps])
+        for rank in range(1, ranks):
+            assert np.array_equal(post[rank], post[0]), f"round {r}: rank {rank} differs from rank 0"
+        weighted = (n[:, None] * pre).sum(axis=0) / n.sum()
+        np.testing.assert_allclose(post[0], weighted, rtol=1e-5, atol=1e-6)
+        # the weights matter: the unweighted mean is measurably different
+        assert np.abs(pre.mean(axis=0) - weighted).max() > 1e-6
+        if r + 1 < STATS_ROUNDS:  # every rank starts the next round from the average
+            assert not np.array_equal(dumps[0][f"pre_{r + 1}"], post[0])
+
+
+def test_with_identical_data_fedavg_equals_single_process_training(stats):
+    ranks, out = stats
+    for d in rank_dumps(out, "identical", ranks):
+        for r in range(STATS_ROUNDS):
+            np.testing.assert_allclose(d[f"fedavg_{r}"], d[f"single_{r}"], rtol=1e-4, atol=1e-5)
+        assert np.abs(d["fedavg_0"] - d[f"fedavg_{STATS_ROUNDS - 1}"]).max() > 1e-3  # it trained
