@@ -1,4 +1,4 @@
-"""Command line: ``mpicd run | check``. Argument parsing and exit codes only."""
+"""Command line: ``mpicd run | check | report``. Argument parsing and exit codes only."""
 
 from __future__ import annotations
 
@@ -23,7 +23,12 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
                                     "resolved config and the partition; needs no MPI")
     check.add_argument("config", help="YAML config file")
     check.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
-    return {"run": run, "check": check}
+    report = argparse.ArgumentParser(prog="mpicd report", description="tables (mean ± sd over seeds) "
+                                     "and plots from results files")
+    report.add_argument("files", nargs="+", help="results files (.h5)")
+    report.add_argument("--last", type=int, default=1, help="average each run over its last N rounds")
+    report.add_argument("--plot", help="also draw minority accuracy against skew into this image file")
+    return {"run": run, "check": check, "report": report}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,11 +38,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: mpicd {{{','.join(parsers)}}} ...  (mpicd COMMAND --help for more)", file=sys.stderr)
         return EXIT_BAD_INPUT
     args = parsers[argv[0]].parse_intermixed_args(argv[1:])
-    return check(args) if argv[0] == "check" else run(args)
+    return {"check": check, "run": run, "report": report}[argv[0]](args)
 
 
 def check(args: argparse.Namespace) -> int:
-    from .loop import prepare
+    from .plan import prepare
 
     try:
         plan = prepare(load_config(args.config, args.overrides))
@@ -46,6 +51,24 @@ def check(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     print(yaml.safe_dump(plan.resolved_config, sort_keys=False), end="")
     print(partition_table(plan))
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    from .report import group, plot, render, summarize
+
+    if args.last < 1:
+        print("mpicd: --last must be >= 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        cells = group(summarize(path, args.last) for path in args.files)
+    except (OSError, KeyError, ValueError) as err:
+        print(f"mpicd: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(render(cells, args.last))
+    if args.plot:
+        plot(cells, args.plot)
+        print(f"plot: {args.plot}")
     return 0
 
 
@@ -65,7 +88,8 @@ def partition_table(plan) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from .comm import Comm
-    from .loop import prepare, run as run_rounds
+    from .loop import run as run_rounds
+    from .plan import prepare
     from .runtime import abort_on_exception, place
 
     comm = Comm()

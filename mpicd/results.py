@@ -79,7 +79,8 @@ class ResultsWriter:
         self.num_classes = num_classes
         self.parallel = h5py.get_config().mpi if parallel is None else parallel
         if not self.parallel and comm.rank == 0:
-            warnings.warn("h5py has no MPI support: rank 0 gathers the results and writes them serially",
+            why = "serial writer requested" if h5py.get_config().mpi else "h5py has no MPI support"
+            warnings.warn(f"{why}: rank 0 gathers the results and writes them serially",
                           RuntimeWarning, stacklevel=2)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import pytest
 
 from mpicd.algorithms import REGISTRY
 from mpicd.config import ConfigError, load_config
-from mpicd.loop import prepare
+from mpicd.plan import prepare
 from mpicd.results import Results
 
 from conftest import DRIVERS, PNEUMONIA, QUICKSTART, mpiexec, require_pneumonia

@@ -7,7 +7,8 @@ import pytest
 
 from mpicd.algorithms.centralized import Centralized
 from mpicd.config import load_config
-from mpicd.loop import Client, prepare
+from mpicd.client import Client
+from mpicd.plan import prepare
 from mpicd.results import Results
 
 from conftest import QUICKSTART

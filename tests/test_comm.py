@@ -9,7 +9,8 @@ from conftest import DRIVERS, mpiexec
 def test_every_operation_is_counted_exactly(ranks):
     result = mpiexec(ranks, str(DRIVERS / "comm_ledger.py"), timeout=120)
     assert result.returncode == 0, result.stderr
-    assert sorted(result.stdout.split("\n")[:-1]) == sorted(f"rank {r} ok" for r in range(ranks))
+    # ranks' lines may interleave on mpiexec's stdout: count, don't split
+    assert all(result.stdout.count(f"rank {r} ok") == 1 for r in range(ranks)), result.stdout
 
 
 def test_short_message_is_an_error_not_a_silent_short_buffer():

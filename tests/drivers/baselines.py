@@ -25,7 +25,8 @@ from mpicd.algorithms.fedavg import averaged_tensors, flatten
 from mpicd.cli import main
 from mpicd.comm import Comm
 from mpicd.config import load_config
-from mpicd.loop import Client, prepare
+from mpicd.client import Client
+from mpicd.plan import prepare
 from mpicd.runtime import abort_on_exception
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,8 @@ import torch
 
 from mpicd.comm import Comm
 from mpicd.config import load_config
-from mpicd.loop import Client, prepare
+from mpicd.client import Client
+from mpicd.plan import prepare
 from mpicd.runtime import abort_on_exception
 
 comm = Comm()
