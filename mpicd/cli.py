@@ -1,4 +1,4 @@
-"""Command line: ``mpicd run | check | report``. Argument parsing and exit codes only."""
+"""Command line: ``mpicd run | check | report | sweep``. Argument parsing and exit codes only."""
 
 from __future__ import annotations
 
@@ -28,7 +28,14 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     report.add_argument("files", nargs="+", help="results files (.h5)")
     report.add_argument("--last", type=int, default=1, help="average each run over its last N rounds")
     report.add_argument("--plot", help="also draw minority accuracy against skew into this image file")
-    return {"run": run, "check": check, "report": report}
+    sweep = argparse.ArgumentParser(prog="mpicd sweep", description="list the runs of a sweep file "
+                                    "(jobs/sweep.sh and slurm/sweep.sbatch use this)")
+    sweep.add_argument("sweep", help="sweep YAML: config, output_dir, grid")
+    what = sweep.add_mutually_exclusive_group()
+    what.add_argument("--pending", action="store_true", help="only the indexes of runs not yet complete")
+    what.add_argument("--ranks", type=int, metavar="I", help="the MPI rank count run I needs")
+    what.add_argument("--args", type=int, metavar="I", help="the mpicd arguments of run I, shell-quoted")
+    return {"run": run, "check": check, "report": report, "sweep": sweep}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: mpicd {{{','.join(parsers)}}} ...  (mpicd COMMAND --help for more)", file=sys.stderr)
         return EXIT_BAD_INPUT
     args = parsers[argv[0]].parse_intermixed_args(argv[1:])
-    return {"check": check, "run": run, "report": report}[argv[0]](args)
+    return {"check": check, "run": run, "report": report, "sweep": sweep}[argv[0]](args)
 
 
 def check(args: argparse.Namespace) -> int:
@@ -69,6 +76,34 @@ def report(args: argparse.Namespace) -> int:
     if args.plot:
         plot(cells, args.plot)
         print(f"plot: {args.plot}")
+    return 0
+
+
+def sweep(args: argparse.Namespace) -> int:
+    import shlex
+
+    from .sweep import is_done, load_sweep
+
+    try:
+        runs = load_sweep(args.sweep)
+    except ConfigError as err:
+        print(f"mpicd: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    chosen = args.ranks if args.ranks is not None else args.args
+    if chosen is not None and not 0 <= chosen < len(runs):
+        print(f"mpicd: run index {chosen} out of range: {args.sweep} has runs 0..{len(runs) - 1}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.pending:
+        print("\n".join(str(r.index) for r in runs if not is_done(r)))
+    elif args.ranks is not None:
+        print(runs[chosen].ranks)
+    elif args.args is not None:
+        r = runs[chosen]
+        print(shlex.join(["run", str(r.config), *r.overrides, "--out", str(r.output)]))
+    else:
+        for r in runs:
+            print(f"{r.index:>4}  ranks {r.ranks:>3}  {'done   ' if is_done(r) else 'pending'}  {r.output}  "
+                  f"{' '.join(r.overrides)}")
     return 0
 
 

@@ -1,0 +1,88 @@
+"""Sweeps: a base config and a grid of overrides -> a numbered list of runs, each one results file.
+
+The same numbering serves a workstation (``jobs/sweep.sh`` runs them one after another) and a
+Slurm job array (``slurm/sweep.sbatch``: array index = run index). A run whose results file
+already holds all its rounds counts as done, so an interrupted sweep resumes where it stopped.
+
+A sweep file::
+
+    config: pneumoniamnist.yaml          # relative to the sweep file
+    output_dir: results/sweep            # relative to where you launch
+    grid:                                # cartesian product, in this order
+      algorithm: [{name: codistill}, {name: fedavg}]
+      data.skew: [0.0, 0.6, 0.9]
+      seed: [0, 1, 2]
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .algorithms import resolve
+from .config import ConfigError, load_config
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    index: int
+    config: Path
+    overrides: tuple[str, ...]
+    ranks: int
+    rounds: int
+    output: Path
+
+
+def _inline(value) -> str:
+    """A value as a one-line YAML flow scalar or mapping, as the override parser reads it back."""
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()
+
+
+def _label(key: str, value) -> str:
+    shown = value.get("name", _inline(value)) if isinstance(value, dict) else _inline(value)
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "", f"{key.split('.')[-1]}={shown}")
+
+
+def load_sweep(path: str | Path) -> list[SweepRun]:
+    """Expand the sweep file into runs; every run's config is validated (ConfigError names it)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("", f"sweep file {str(path)!r} does not exist")
+    spec = yaml.safe_load(path.read_text()) or {}
+    unknown = set(spec) - {"config", "output_dir", "grid"}
+    if unknown:
+        raise ConfigError(sorted(unknown)[0], f"unknown key in sweep file {path} (known: config, output_dir, grid)")
+    if "config" not in spec or not isinstance(spec.get("grid"), dict) or not spec["grid"]:
+        raise ConfigError("grid", f"sweep file {path} needs 'config' and a non-empty 'grid' mapping")
+    base = path.parent / spec["config"]
+    output_dir = Path(spec.get("output_dir", f"results/{path.stem}"))
+    keys = list(spec["grid"])
+    for key in keys:
+        if not isinstance(spec["grid"][key], list) or not spec["grid"][key]:
+            raise ConfigError(f"grid.{key}", f"must be a non-empty list of values in {path}")
+    runs = []
+    for index, values in enumerate(itertools.product(*(spec["grid"][k] for k in keys))):
+        overrides = tuple(f"{k}={_inline(v)}" for k, v in zip(keys, values))
+        try:
+            config = load_config(base, overrides)
+            resolve(config.algorithm)
+        except ConfigError as err:
+            raise ConfigError(err.key, f"run {index} of {path} ({' '.join(overrides)}): {err}") from None
+        name = "_".join(_label(k, v) for k, v in zip(keys, values))
+        runs.append(SweepRun(index, base, overrides, config.clients, config.rounds, output_dir / f"{index:04d}_{name}.h5"))
+    return runs
+
+
+def is_done(run: SweepRun) -> bool:
+    """The results file exists and holds every round."""
+    import h5py
+
+    try:
+        with h5py.File(run.output, "r") as f:
+            return int(f.attrs["completed_rounds"]) == run.rounds
+    except (OSError, KeyError):
+        return False
