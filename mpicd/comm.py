@@ -126,17 +126,16 @@ class Comm:
 
     def allreduce_sum(self, array: np.ndarray) -> np.ndarray:
         """Element-wise sum over all ranks; every rank gets the result."""
-        result = np.empty_like(array)
-        start = time.perf_counter()
-        self.mpi.Allreduce(_buffer(array), _buffer(result), op=MPI.SUM)
-        self.ledger.record("allreduce", array.nbytes, result.nbytes, time.perf_counter() - start)
-        return result
+        return self._allreduce(array, MPI.SUM)
 
     def allreduce_min(self, array: np.ndarray) -> np.ndarray:
         """Element-wise minimum over all ranks (used to agree on a decision)."""
+        return self._allreduce(array, MPI.MIN)
+
+    def _allreduce(self, array: np.ndarray, op: MPI.Op) -> np.ndarray:
         result = np.empty_like(array)
         start = time.perf_counter()
-        self.mpi.Allreduce(_buffer(array), _buffer(result), op=MPI.MIN)
+        self.mpi.Allreduce(_buffer(array), _buffer(result), op=op)
         self.ledger.record("allreduce", array.nbytes, result.nbytes, time.perf_counter() - start)
         return result
 
