@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,3 +50,25 @@ def require_pneumonia() -> Path:
     if not PNEUMONIA.is_file():
         pytest.skip(f"real data absent: {PNEUMONIA} (see ../shared/data/README.md)")
     return PNEUMONIA
+
+
+BASELINE_RANKS = [2, 4, 6]
+
+
+@pytest.fixture(scope="session", params=BASELINE_RANKS)
+def baselines(request, tmp_path_factory):
+    """(ranks, folder) of one ``tests/drivers/baselines.py`` job under ``mpiexec -n ranks``.
+
+    Session-wide and shared by every baseline test module: one MPI start-up per rank count.
+    """
+    ranks = request.param
+    out = tmp_path_factory.mktemp(f"baselines{ranks}")
+    data = str(PNEUMONIA) if PNEUMONIA.is_file() else "-"
+    result = mpiexec(ranks, str(DRIVERS / "baselines.py"), str(out), data, timeout=120 + 60 * ranks)
+    assert result.returncode == 0, f"baselines driver failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+    return ranks, out
+
+
+def rank_dumps(out: Path, variant: str, ranks: int) -> list[dict]:
+    """The baselines driver's per-rank .npz dumps of one variant, as dicts."""
+    return [dict(np.load(out / f"{variant}_rank{r}.npz")) for r in range(ranks)]

@@ -1,19 +1,14 @@
 """Every algorithm end to end under a real mpiexec (2, 4 and 6 ranks), on the built-in data and on
 PneumoniaMNIST: the bytes in the results file are exactly each protocol's payload.
 
-One MPI job per rank count (``tests/drivers/baselines.py``) serves every baseline test module:
-``baselines_job(ranks)`` runs it once per pytest process and caches the output folder, because
-each mpiexec start costs ~10 s on a small box.
+One MPI job per rank count (``tests/drivers/baselines.py``, the session fixture ``baselines`` in
+conftest.py) serves every baseline test module, because each mpiexec start costs ~10 s on a
+small box.
 """
 
 from __future__ import annotations
 
-import atexit
-import functools
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,32 +18,10 @@ from mpicd.config import ConfigError, load_config
 from mpicd.plan import prepare
 from mpicd.results import Results
 
-from conftest import DRIVERS, PNEUMONIA, QUICKSTART, mpiexec, require_pneumonia
+from conftest import QUICKSTART, require_pneumonia
 
-RANKS = [2, 4, 6]
 RUN_ROUNDS = 2  # tests/drivers/baselines.py RUN_ROUNDS
 ALGORITHMS = ("codistill", "local", "fedavg", "fedproto", "feddistill", "fedamp", "centralized")
-
-
-@functools.lru_cache(maxsize=None)
-def baselines_job(ranks: int) -> Path:
-    """Run the baselines driver under ``mpiexec -n ranks`` once; the folder holding its outputs."""
-    out = Path(tempfile.mkdtemp(prefix=f"mpicd-baselines{ranks}-"))
-    atexit.register(shutil.rmtree, out, True)
-    data = str(PNEUMONIA) if PNEUMONIA.is_file() else "-"
-    result = mpiexec(ranks, str(DRIVERS / "baselines.py"), str(out), data, timeout=120 + 60 * ranks)
-    assert result.returncode == 0, f"baselines driver failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
-    return out
-
-
-def rank_dumps(out: Path, variant: str, ranks: int) -> list[dict]:
-    """The driver's per-rank .npz dumps of one variant, as dicts."""
-    return [dict(np.load(out / f"{variant}_rank{r}.npz")) for r in range(ranks)]
-
-
-@pytest.fixture(scope="module", params=RANKS)
-def job(request):
-    return request.param, baselines_job(request.param)
 
 
 def expected_bytes(name: str, res: Results) -> tuple[str | None, int, int]:
@@ -80,32 +53,32 @@ BASELINES = ("fedavg", "fedproto", "feddistill", "fedamp", "local", "centralized
 
 
 @pytest.mark.parametrize("name", BASELINES)
-def test_bytes_per_round_per_rank_are_the_protocol_payload(job, name):
-    ranks, out = job
+def test_bytes_per_round_per_rank_are_the_protocol_payload(baselines, name):
+    ranks, out = baselines
     check_bytes(name, Results(out / f"{name}_quick.h5"), ranks)
 
 
 @pytest.mark.parametrize("name", BASELINES)
-def test_bytes_on_pneumoniamnist(job, name):
+def test_bytes_on_pneumoniamnist(baselines, name):
     require_pneumonia()
-    ranks, out = job
+    ranks, out = baselines
     res = Results(out / f"{name}_pneumonia.h5")
     assert res.attrs["dataset"] == "pneumoniamnist" and res.attrs["feature_dim"] == 200
     check_bytes(name, res, ranks)
 
 
-def test_options_keep_the_payload(job):
-    ranks, out = job
+def test_options_keep_the_payload(baselines):
+    ranks, out = baselines
     check_bytes("fedproto", Results(out / "fedproto_nearest_quick.h5"), ranks)
     check_bytes("feddistill", Results(out / "feddistill_exclude_quick.h5"), ranks)
     check_bytes("fedamp", Results(out / "fedamp_lambda0_quick.h5"), ranks)
 
 
 @pytest.mark.parametrize("dataset", ["quick", "pneumonia"])
-def test_every_algorithm_runs_end_to_end(job, dataset):
+def test_every_algorithm_runs_end_to_end(baselines, dataset):
     if dataset == "pneumonia":
         require_pneumonia()
-    ranks, out = job
+    ranks, out = baselines
     for name in ALGORITHMS:
         res = Results(out / f"{name}_{dataset}.h5")
         assert res.attrs["algorithm"] == name and res.config["algorithm"]["name"] == name
@@ -116,8 +89,8 @@ def test_every_algorithm_runs_end_to_end(job, dataset):
         assert ((res.metrics["test_acc"] >= 0) & (res.metrics["test_acc"] <= 1)).all()
 
 
-def test_resolved_hyper_parameters_are_in_the_results_file(job):
-    _, out = job
+def test_resolved_hyper_parameters_are_in_the_results_file(baselines):
+    _, out = baselines
     config = {name: Results(out / f"{name}_quick.h5").config["algorithm"] for name in BASELINES}
     assert config["fedavg"] == {"name": "fedavg"}
     assert config["fedproto"] == {"name": "fedproto", "lambda": 1.0, "predict": "head"}

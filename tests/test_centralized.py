@@ -3,7 +3,6 @@
 import types
 
 import numpy as np
-import pytest
 
 from mpicd.algorithms.centralized import Centralized
 from mpicd.config import load_config
@@ -12,7 +11,6 @@ from mpicd.plan import prepare
 from mpicd.results import Results
 
 from conftest import QUICKSTART
-from test_baselines_e2e import RANKS, baselines_job
 
 
 def test_every_rank_trains_on_the_union_and_is_evaluated_on_the_held_out_set():
@@ -27,13 +25,8 @@ def test_every_rank_trains_on_the_union_and_is_evaluated_on_the_held_out_set():
         assert client.expertise_class == plan.partition.expertise[rank]  # scored on its client's minority class
 
 
-@pytest.fixture(scope="module", params=RANKS)
-def job(request):
-    return request.param, baselines_job(request.param)
-
-
-def test_no_bytes_and_a_better_minority_accuracy_than_local(job):
-    ranks, out = job
+def test_no_bytes_and_a_better_minority_accuracy_than_local(baselines):
+    ranks, out = baselines
     central, local = Results(out / "centralized_quick.h5"), Results(out / "local_quick.h5")
     assert central.metrics["bytes_sent"].sum() == 0 and central.metrics["bytes_recv"].sum() == 0
     assert (central.bytes_sent_by_kind == 0).all() and (central.bytes_recv_by_kind == 0).all()

@@ -11,7 +11,8 @@ from mpicd.algorithms.fedavg import flatten
 from mpicd.models import build_model, num_parameters
 from mpicd.results import Results
 
-from test_baselines_e2e import RANKS, baselines_job, rank_dumps
+from conftest import rank_dumps
+
 
 STATS_ROUNDS = 3  # tests/drivers/baselines.py
 
@@ -118,15 +119,9 @@ def test_lambda_zero_adds_no_term():
     assert algorithm.cloud is not None and algorithm.extra_loss(batch(model)) is None
 
 
-@pytest.fixture(scope="module", params=RANKS)
-def stats(request):
-    ranks = request.param
-    return ranks, baselines_job(ranks)
-
-
 @pytest.mark.parametrize("variant", ["fedamp", "fedamp_cosine"])
-def test_each_rank_computes_its_row_of_xi_and_its_cloud_model(stats, variant):
-    ranks, out = stats
+def test_each_rank_computes_its_row_of_xi_and_its_cloud_model(baselines, variant):
+    ranks, out = baselines
     dumps = rank_dumps(out, variant, ranks)
     params = FedAMPParams()
     for r in range(STATS_ROUNDS):
@@ -146,8 +141,8 @@ def test_each_rank_computes_its_row_of_xi_and_its_cloud_model(stats, variant):
             np.testing.assert_allclose(x[f"cloud_{r}"], cloud_model(models, xi), rtol=1e-6, atol=1e-7)
 
 
-def test_lambda_zero_equals_local_training(stats):
-    _, out = stats
+def test_lambda_zero_equals_local_training(baselines):
+    _, out = baselines
     amp0, local = Results(out / "fedamp_lambda0_quick.h5"), Results(out / "local_quick.h5")
     for name in ("train_loss", "test_acc", "recall", "minority_acc"):
         np.testing.assert_array_equal(amp0.metrics[name], local.metrics[name], err_msg=name)

@@ -1,15 +1,13 @@
 """FedAvg: one Allreduce of [n_i theta_i ; n_i]; every rank ends the round with the weighted mean."""
 
-
 import numpy as np
-import pytest
 import torch
 
 from mpicd.algorithms.base import Context, NoParams
 from mpicd.algorithms.fedavg import FedAvg, assign, averaged_tensors, flatten
 from mpicd.models import build_model, num_parameters, resnet18
 
-from test_baselines_e2e import RANKS, baselines_job, rank_dumps
+from conftest import rank_dumps
 
 STATS_ROUNDS = 3  # tests/drivers/baselines.py
 
@@ -59,14 +57,8 @@ def test_batchnorm_buffers_are_averaged_but_not_the_step_counter():
     assert counter.dtype == torch.int64 and int(counter) == 0
 
 
-@pytest.fixture(scope="module", params=RANKS)
-def stats(request):
-    ranks = request.param
-    return ranks, baselines_job(ranks)
-
-
-def test_all_ranks_hold_the_bit_identical_sample_weighted_mean(stats):
-    ranks, out = stats
+def test_all_ranks_hold_the_bit_identical_sample_weighted_mean(baselines):
+    ranks, out = baselines
     dumps = rank_dumps(out, "fedavg", ranks)
     n = np.array([int(d["n"]) for d in dumps], dtype=np.float64)
     assert len(set(n)) == ranks  # the driver gives every rank a different training-set size
@@ -83,8 +75,8 @@ def test_all_ranks_hold_the_bit_identical_sample_weighted_mean(stats):
             assert not np.array_equal(dumps[0][f"pre_{r + 1}"], post[0])
 
 
-def test_with_identical_data_fedavg_equals_single_process_training(stats):
-    ranks, out = stats
+def test_with_identical_data_fedavg_equals_single_process_training(baselines):
+    ranks, out = baselines
     for d in rank_dumps(out, "identical", ranks):
         for r in range(STATS_ROUNDS):
             np.testing.assert_allclose(d[f"fedavg_{r}"], d[f"single_{r}"], rtol=1e-4, atol=1e-5)

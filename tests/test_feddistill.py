@@ -10,7 +10,8 @@ from mpicd.algorithms.feddistill import FedDistill, FedDistillParams, teacher_lo
 from mpicd.algorithms.fedproto import mean_over_clients
 from mpicd.models import build_model
 
-from test_baselines_e2e import RANKS, baselines_job, rank_dumps
+from conftest import rank_dumps
+
 
 STATS_ROUNDS = 3  # tests/drivers/baselines.py
 
@@ -86,15 +87,9 @@ def test_local_statistics_are_the_mean_logits_per_class():
     assert not means[1].any() and list(flags) == [1, 0, 1]
 
 
-@pytest.fixture(scope="module", params=RANKS)
-def stats(request):
-    ranks = request.param
-    return ranks, baselines_job(ranks)
-
-
 @pytest.mark.parametrize("variant", ["feddistill", "feddistill_exclude"])
-def test_every_rank_receives_the_sum_of_all_local_statistics(stats, variant):
-    ranks, out = stats
+def test_every_rank_receives_the_sum_of_all_local_statistics(baselines, variant):
+    ranks, out = baselines
     dumps = rank_dumps(out, variant, ranks)
     c = 2
     for r in range(STATS_ROUNDS):

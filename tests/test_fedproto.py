@@ -1,7 +1,6 @@
 """FedProto: per-class mean features, one Allreduce of [C x D means ; C flags], MSE to the prototype."""
 
 import numpy as np
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -9,7 +8,8 @@ from mpicd.algorithms.base import Batch, Context
 from mpicd.algorithms.fedproto import FedProto, FedProtoParams, PerClassMeans, mean_over_clients
 from mpicd.models import build_model
 
-from test_baselines_e2e import RANKS, baselines_job, rank_dumps
+from conftest import rank_dumps
+
 
 STATS_ROUNDS = 3  # tests/drivers/baselines.py
 
@@ -102,14 +102,8 @@ def test_nearest_prototype_prediction():
     torch.testing.assert_close(head.predict(x), head.ctx.model(x))
 
 
-@pytest.fixture(scope="module", params=RANKS)
-def stats(request):
-    ranks = request.param
-    return ranks, baselines_job(ranks)
-
-
-def test_every_rank_receives_the_sum_of_all_local_statistics(stats):
-    ranks, out = stats
+def test_every_rank_receives_the_sum_of_all_local_statistics(baselines):
+    ranks, out = baselines
     dumps = rank_dumps(out, "fedproto", ranks)
     c, d = 2, 200
     for r in range(STATS_ROUNDS):
