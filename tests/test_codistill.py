@@ -59,7 +59,8 @@ def test_results_file_holds_the_contract(run):
         assert res.metrics[name].shape == (ROUNDS, ranks) and np.isfinite(res.metrics[name]).all(), name
     assert res.metrics["recall"].shape == (ROUNDS, ranks, 2)
     assert res.attrs["writer"] == "mpio" and res.attrs["num_classes"] == 2
-    assert res.config["algorithm"] == {"name": "codistill", "lambda": 1.0, "k": "all"}
+    assert res.config["algorithm"] == {"name": "codistill", "lambda": 1.0, "k": "all", "teacher_per": "round",
+                                       "classes": "expertise"}
     assert res.config["train"]["lr"] == 0.001 and res.config["clients"] == ranks
     assert "torch" in res.attrs["versions"] and res.attrs["num_parameters"] > 0
     assert np.array_equal(res.partition["expertise"], np.arange(ranks) % 2)
@@ -96,3 +97,30 @@ def test_lambda_zero_equals_local_training(tmp_path):
         np.testing.assert_array_equal(cd0.metrics[name], local.metrics[name], err_msg=name)
     assert cd0.metrics["bytes_sent"].sum() > 0 and local.metrics["bytes_sent"].sum() == 0
     assert local.metrics["bytes_recv"].sum() == 0 and (local.teacher == -1).all()
+
+
+@pytest.mark.parametrize("option, rows", [("teacher_per: batch", 1), ("classes: all", 2)])
+def test_authors_code_options_allgather_their_tables(tmp_path, option, rows):
+    out = tmp_path / "run.h5"
+    mpicd_run(4, QUICKSTART, out, "rounds=2", f"algorithm={{name: codistill, {option}}}")
+    res = Results(out)
+    d, allgather = res.attrs["feature_dim"], res.kinds.index("allgather")
+    np.testing.assert_array_equal(res.metrics["bytes_sent"], np.full((2, 4), 4 * rows * d))
+    np.testing.assert_array_equal(res.metrics["bytes_recv"], np.full((2, 4), 4 * 4 * rows * d))
+    np.testing.assert_array_equal(res.bytes_recv_by_kind[:, :, allgather], res.metrics["bytes_recv"])
+    if option.startswith("teacher_per"):
+        assert (res.teacher == -1).all()
+    else:
+        assert np.array_equal(res.teacher[1], teacher_assignment(0, 1, 4))
+    assert np.isfinite(res.metrics["train_loss"]).all()
+
+
+def test_k_larger_than_a_shared_class_is_rejected_before_training():
+    from mpicd.algorithms import resolve
+    from mpicd.config import ConfigError
+
+    cls, params = resolve({"name": "codistill", "k": 20, "classes": "all"})
+    counts, expertise = np.array([[42, 16], [16, 42]]), np.array([0, 1])
+    with pytest.raises(ConfigError, match="client 0 has only 16 images of class 1"):
+        cls.check(params, counts, expertise)
+    cls.check(resolve({"name": "codistill", "k": 20})[1], counts, expertise)  # expertise classes only: fine

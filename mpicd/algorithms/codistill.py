@@ -5,6 +5,18 @@ Each round every client i learns from a teacher t(i) != i drawn from an RNG seed
 each of its students the mean feature vector R (D floats) of k random images of its expertise
 class, computed in eval mode; the student adds lambda * MSE(f(x_b), R) over the batch samples
 labelled with the teacher's expertise class. No parameters ever move.
+
+Two options reproduce the authors' code (both off by default):
+
+* ``teacher_per: batch``: each minibatch draws its own teacher (from a stream seeded by
+  (seed, round, rank)), so any client may be needed: every rank Allgathers its representation
+  (4 D sent, 4 N D received) instead of the point-to-point send.
+* ``classes: all``: the term covers every sample, against the teacher's mean feature of the
+  sample's class; every rank Allgathers its C x D table of per-class means (4 C D sent,
+  4 N C D received).
+
+With either option ``/comm/teacher`` holds the round's shared assignment only when teachers are
+drawn per round; per minibatch it is -1.
 """
 
 from __future__ import annotations
@@ -32,7 +44,10 @@ def teacher_assignment(seed: int, round_index: int, clients: int) -> np.ndarray:
 @dataclass
 class CoDistillParams:
     lambda_: float = spec(1.0, ge=0.0, doc="weight of the distillation term")
-    k: Union[int, Literal["all"]] = spec("all", ge=1, doc="images the teacher averages; all = its whole expertise class")
+    k: Union[int, Literal["all"]] = spec("all", ge=1, doc="images the teacher averages per class; all = every one")
+    teacher_per: Literal["round", "batch"] = spec("round", doc="batch: a new teacher each minibatch (authors' code)")
+    classes: Literal["expertise", "all"] = spec(
+        "expertise", doc="all: every class against the teacher's per-class means (authors' code)")
 
 
 class CoDistillation(Algorithm):
@@ -41,56 +56,82 @@ class CoDistillation(Algorithm):
 
     @classmethod
     def check(cls, params: CoDistillParams, train_counts: np.ndarray, expertise: np.ndarray) -> None:
+        if params.k == "all":
+            return
         for client, expert in enumerate(expertise):
-            own = int(train_counts[client, expert])
-            if params.k != "all" and params.k > own:
-                raise ConfigError("algorithm.k", f"is {params.k}, but client {client} has only {own} "
-                                                 f"images of its expertise class {int(expert)}")
+            shared = range(train_counts.shape[1]) if params.classes == "all" else [int(expert)]
+            for c in shared:
+                if params.k > train_counts[client, c]:
+                    raise ConfigError("algorithm.k", f"is {params.k}, but client {client} has only "
+                                                     f"{int(train_counts[client, c])} images of class {c}")
 
     def __init__(self, params: CoDistillParams, ctx: Context):
         super().__init__(params, ctx)
         self.teachers = np.full(ctx.size, -1, dtype=np.int64)
-        self.representation: torch.Tensor | None = None
+        self.shared_classes = (list(range(ctx.num_classes)) if params.classes == "all"
+                               else [int(ctx.expertise[ctx.rank])])
+        self.received: dict[int, torch.Tensor] = {}   # teacher -> its (classes shared, D) means
+        self.batch_teachers: np.random.Generator | None = None
 
-    def representation_of_expertise(self, round_index: int) -> np.ndarray:
-        """Mean eval-mode feature vector of k random images of this client's expertise class."""
+    def class_means(self, round_index: int) -> np.ndarray:
+        """(classes shared, D): eval-mode mean feature of k random images of each shared class."""
         ctx = self.ctx
-        (index,) = torch.nonzero(ctx.train_y == int(ctx.expertise[ctx.rank]), as_tuple=True)
-        if self.params.k != "all":
-            pick = seeds.rng(ctx.seed, seeds.ALGORITHM, ctx.rank, round_index).choice(
-                len(index), size=self.params.k, replace=False)
-            index = index[torch.as_tensor(np.sort(pick), device=index.device)]
         model = ctx.model
         was_training = model.training
         model.eval()
+        rows = []
         with torch.no_grad():
-            mean = model.features(ctx.train_x[index]).mean(dim=0)
+            for c in self.shared_classes:
+                (index,) = torch.nonzero(ctx.train_y == c, as_tuple=True)
+                if self.params.k != "all":
+                    pick = seeds.rng(ctx.seed, seeds.ALGORITHM, ctx.rank, round_index, c).choice(
+                        len(index), size=self.params.k, replace=False)
+                    index = index[torch.as_tensor(np.sort(pick), device=index.device)]
+                rows.append(model.features(ctx.train_x[index]).mean(dim=0))
         model.train(was_training)
-        return np.ascontiguousarray(mean.detach().cpu().numpy(), dtype=np.float32)
+        return np.ascontiguousarray(torch.stack(rows).cpu().numpy(), dtype=np.float32)
 
     def before_epoch(self, round_index: int) -> None:
         ctx = self.ctx
         self.teachers = teacher_assignment(ctx.seed, round_index, ctx.size)
-        self.representation = None
+        self.received = {}
         if ctx.size < 2:
             return
+        if self.params.teacher_per == "round" and self.params.classes == "expertise":
+            self._send_to_students(round_index)
+            return
+        everyone = ctx.comm.allgather(self.class_means(round_index))
+        self.received = {t: torch.from_numpy(everyone[t]).to(ctx.device) for t in range(ctx.size) if t != ctx.rank}
+        if self.params.teacher_per == "batch":
+            self.batch_teachers = seeds.rng(ctx.seed, seeds.TEACHERS, round_index, ctx.rank)
+
+    def _send_to_students(self, round_index: int) -> None:
+        """The method as published: the representation goes only to this round's students."""
+        ctx = self.ctx
         students = np.flatnonzero(self.teachers == ctx.rank)
-        sends = []
-        if len(students):
-            mine = self.representation_of_expertise(round_index)
-            sends = [(int(s), mine) for s in students]
-        received = np.empty(ctx.model.feature_dim, dtype=np.float32)
-        ctx.comm.exchange(sends, [(int(self.teachers[ctx.rank]), received)], tag=round_index % 32768)
-        self.representation = torch.from_numpy(received).to(ctx.device)
+        mine = self.class_means(round_index) if len(students) else None
+        teacher = int(self.teachers[ctx.rank])
+        received = np.empty((1, ctx.model.feature_dim), dtype=np.float32)
+        ctx.comm.exchange([(int(s), mine) for s in students], [(teacher, received)], tag=round_index % 32768)
+        self.received = {teacher: torch.from_numpy(received).to(ctx.device)}
 
     def extra_loss(self, batch: Batch) -> torch.Tensor | None:
-        if self.representation is None or self.params.lambda_ == 0.0:
+        if not self.received or self.params.lambda_ == 0.0:
             return None
-        mask = batch.y == int(self.ctx.expertise[self.teachers[self.ctx.rank]])
+        rank = self.ctx.rank
+        if self.batch_teachers is not None:
+            draw = int(self.batch_teachers.integers(0, self.ctx.size - 1))
+            teacher = draw + (draw >= rank)
+        else:
+            teacher = int(self.teachers[rank])
+        means = self.received[teacher]
+        if self.params.classes == "all":
+            return self.params.lambda_ * F.mse_loss(batch.features, means[batch.y])
+        mask = batch.y == int(self.ctx.expertise[teacher])
         if not bool(mask.any()):
             return None
         selected = batch.features[mask]
-        return self.params.lambda_ * F.mse_loss(selected, self.representation.expand_as(selected))
+        return self.params.lambda_ * F.mse_loss(selected, means[0].expand_as(selected))
 
     def teacher(self) -> int:
-        return int(self.teachers[self.ctx.rank])
+        return -1 if self.params.teacher_per == "batch" else int(self.teachers[self.ctx.rank])

@@ -27,7 +27,7 @@ with abort_on_exception(comm.mpi):
         client.model.eval()
         with torch.no_grad():
             mean = client.model.features(client.train_x[own]).mean(dim=0)
-        return float(torch.linalg.vector_norm(mean - algorithm.representation))
+        return float(torch.linalg.vector_norm(mean - algorithm.received[algorithm.teacher()][0]))
 
     lines = []
     for r in range(3):
