@@ -108,12 +108,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         raise ConfigError(key, f"must be one of {_type_name(tp)}, got {value!r}")
     if origin in (Union, types.UnionType):
-        errors = []
         for option in typing.get_args(tp):
             try:
                 return _coerce(value, option, key)
-            except ConfigError as err:
-                errors.append(err)
+            except ConfigError:
+                continue
         raise ConfigError(key, f"must be {_type_name(tp)}, got {value!r}")
     if tp is type(None):
         if value is None:

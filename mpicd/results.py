@@ -120,12 +120,12 @@ class ResultsWriter:
     def write_round(self, round_index: int, row: RoundRow) -> None:
         """Every rank calls this with its own row; the file is flushed before it returns."""
         if self.parallel:
-            self._write(self.file, round_index, {self.comm.rank: row})
+            self._write(round_index, {self.comm.rank: row})
         else:
             packed = self.comm.allgather(row.pack())
             if self.file is not None:
                 rows = {rank: RoundRow.unpack(v, self.num_classes) for rank, v in enumerate(packed)}
-                self._write(self.file, round_index, rows)
+                self._write(round_index, rows)
         if self.file is not None:
             self.file.attrs["completed_rounds"] = round_index + 1
             self.file.flush()
@@ -141,7 +141,7 @@ class ResultsWriter:
             for rank, value in values.items():
                 dset[(*index, rank)] = value
 
-    def _write(self, f: h5py.File, r: int, rows: dict[int, RoundRow]) -> None:
+    def _write(self, r: int, rows: dict[int, RoundRow]) -> None:
         def put(name: str, value_of) -> None:
             self._put(name, (r,), {rank: value_of(row) for rank, row in rows.items()})
 
