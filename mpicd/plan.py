@@ -38,7 +38,7 @@ def prepare(config: Config) -> Plan:
     algorithm_cls, params = resolve(config.algorithm)
     dataset = load_dataset(config.data)
     partition = make_partition(dataset.train.y, dataset.num_classes, config.clients, config.data.skew,
-                               config.data.images_per_class, config.seed)
+                               config.data.images_per_class, config.seed, config.data.skew_mode)
     algorithm_cls.check(params, partition.train_counts, partition.expertise)
     build_model(config.model.name, dataset.input_shape, dataset.num_classes,  # a mismatch fails here
                 config.model.feature_dim, config.model.hidden)

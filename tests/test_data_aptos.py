@@ -14,29 +14,46 @@ def load(path, **kw):
     return load_dataset(DataConfig(name="aptos", path=str(path), **kw))
 
 
+def unscaled(ds, split):
+    """A split's images back in [0, 1], undoing the standardisation the dataset records."""
+    return split.x * np.float32(ds.normalization["std"][0]) + np.float32(ds.normalization["mean"][0])
+
+
 def test_layout_loads_binarised_grey_and_resized(tmp_path):
     truth = write_aptos(tmp_path / "aptos", DIAGNOSES)
     ds = load(tmp_path / "aptos")
-    assert ds.name == "aptos" and ds.kind == "image" and ds.val is None
+    assert ds.name == "aptos" and ds.kind == "image"
     assert ds.class_names == ("no_dr", "dr") and ds.num_classes == 2
-    assert ds.train.x.shape == (10, 1, 64, 64) and ds.test.x.shape == (2, 1, 64, 64)
+    # 6 + 6 images: round(0.2 * 6) = 1 of each class for test, round(0.1 * 6) = 1 for val
+    assert ds.train.x.shape == (8, 1, 64, 64) and ds.test.x.shape == (2, 1, 64, 64)
+    assert ds.val.x.shape == (2, 1, 64, 64) and np.bincount(ds.val.y).tolist() == [1, 1]
     assert ds.train.x.dtype == np.float32 and np.bincount(ds.test.y).tolist() == [1, 1]
     assert "split_seed=0" in ds.eval_split and "(2 images)" in ds.eval_split
+    assert "split_seed=0" in ds.val_split and "(2 images)" in ds.val_split
     label_of_grey = {grey: int(grade > 0) for grey, grade in truth.values()}
-    for split in (ds.train, ds.test):
-        for x, y in zip(split.x, split.y):
+    seen = {}
+    for name in ("train", "val", "test"):
+        split = getattr(ds, name)
+        for x, y in zip(unscaled(ds, split), split.y):
             grey = int(round(float(x.mean()) * 255))
-            np.testing.assert_allclose(x, grey / 255.0, atol=1e-6)
-            assert label_of_grey[grey] == y
-    seen = {int(round(float(x.mean()) * 255)) for x in np.concatenate([ds.train.x, ds.test.x])}
-    assert seen == set(label_of_grey)
+            np.testing.assert_allclose(x, grey / 255.0, atol=1e-5)
+            assert label_of_grey[grey] == y and grey not in seen
+            seen[grey] = name
+    assert set(seen) == set(label_of_grey)
+    train_greys = np.array([g for g, name in seen.items() if name == "train"]) / 255.0
+    assert ds.normalization["mean"] == pytest.approx([train_greys.mean()], abs=1e-6)
+    assert ds.normalization["std"] == pytest.approx([train_greys.std()], abs=1e-6)   # flat images
+    assert ds.normalization["computed_on"] == "train split (8 images)"
 
 
 def test_image_size_and_split_seed(tmp_path):
     write_aptos(tmp_path / "aptos", DIAGNOSES)
     assert load(tmp_path / "aptos", image_size=16).input_shape == (1, 16, 16)
-    tests = {load(tmp_path / "aptos", split_seed=s, image_size=8).test.x.mean().round(4) for s in range(6)}
-    assert len(tests) > 1
+    def test_greys(split_seed):
+        ds = load(tmp_path / "aptos", split_seed=split_seed, image_size=8)
+        return tuple(np.round(unscaled(ds, ds.test).mean(axis=(1, 2, 3)) * 255).astype(int))
+    assert test_greys(0) == test_greys(0)
+    assert len({test_greys(s) for s in range(6)}) > 1
 
 
 def test_missing_path_and_files_are_named(tmp_path):

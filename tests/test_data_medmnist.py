@@ -1,4 +1,5 @@
-"""MedMNIST .npz loader on fixtures in the official layout, and on the real PneumoniaMNIST file."""
+"""MedMNIST .npz loader on fixtures in the official layout, and on the real PneumoniaMNIST file:
+official splits, every class in each, standardised with the training split's statistics."""
 
 from pathlib import Path
 
@@ -18,24 +19,52 @@ def load(path, **kw):
     return load_dataset(DataConfig(name="medmnist", path=str(path), **kw))
 
 
+def by_hand(arrays, split, rgb=False):
+    """The split's raw images in [0, 1], channels first, and the training split's per-channel statistics."""
+    def raw(s):
+        x = arrays[f"{s}_images"].astype(np.float64) / 255.0
+        return x.transpose(0, 3, 1, 2) if rgb else x[:, None]
+    train = raw("train")
+    mean = np.array([train[:, c].mean() for c in range(train.shape[1])])
+    std = np.array([np.sqrt(((train[:, c] - mean[c]) ** 2).mean()) for c in range(train.shape[1])])
+    return raw(split), mean, std
+
+
+def assert_standardised(got, arrays, split, rgb=False):
+    x, mean, std = by_hand(arrays, split, rgb)
+    np.testing.assert_allclose(got, (x - mean[None, :, None, None]) / std[None, :, None, None],
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_grey_images_become_channels_first_floats(tmp_path):
     arrays = write_medmnist(tmp_path / "pneumoniamnist.npz", LABELS)
     ds = load(tmp_path / "pneumoniamnist.npz")
     assert ds.train.x.shape == (6, 1, 8, 8) and ds.train.x.dtype == np.float32
-    np.testing.assert_allclose(ds.train.x[:, 0], arrays["train_images"] / 255.0, rtol=1e-6)
     assert ds.train.y.dtype == np.int64 and ds.train.y.tolist() == LABELS["train"]
     assert ds.val.y.tolist() == LABELS["val"] and ds.test.y.tolist() == LABELS["test"]
-    np.testing.assert_allclose(ds.test.x[:, 0], arrays["test_images"] / 255.0, rtol=1e-6)
+    for split in ("train", "val", "test"):
+        assert_standardised(getattr(ds, split).x, arrays, split)
+    _, mean, std = by_hand(arrays, "train")
+    np.testing.assert_allclose(ds.normalization["mean"], mean, rtol=1e-6)
+    np.testing.assert_allclose(ds.normalization["std"], std, rtol=1e-6)
+    assert ds.normalization["computed_on"] == "train split (6 images)"
+    np.testing.assert_allclose(ds.train.x.mean(), 0.0, atol=1e-5)
+    np.testing.assert_allclose(ds.train.x.std(), 1.0, atol=1e-5)
     assert ds.name == "pneumoniamnist" and ds.class_names == ("normal", "pneumonia")
     assert ds.kind == "image" and ds.input_shape == (1, 8, 8) and ds.num_classes == 2
     assert ds.eval_split == "official test split of pneumoniamnist.npz (3 images)"
+    assert ds.val_split == "official val split of pneumoniamnist.npz (2 images)"
 
 
 def test_rgb_images_keep_their_channels(tmp_path):
     arrays = write_medmnist(tmp_path / "retinamnist.npz", LABELS, rgb=True)
     ds = load(tmp_path / "retinamnist.npz")
     assert ds.train.x.shape == (6, 3, 8, 8)
-    np.testing.assert_allclose(ds.train.x.transpose(0, 2, 3, 1), arrays["train_images"] / 255.0, rtol=1e-6)
+    for split in ("train", "val", "test"):
+        assert_standardised(getattr(ds, split).x, arrays, split, rgb=True)
+    assert len(ds.normalization["mean"]) == len(ds.normalization["std"]) == 3
+    np.testing.assert_allclose(ds.train.x.mean(axis=(0, 2, 3)), 0.0, atol=1e-5)
+    np.testing.assert_allclose(ds.train.x.std(axis=(0, 2, 3)), 1.0, atol=1e-5)
     assert ds.class_names == ("class0", "class1")
 
 
@@ -48,16 +77,30 @@ def test_resize_keeps_range_and_flat_images_flat(tmp_path):
     np.savez(path, **arrays)
     ds = load(path, image_size=20)
     assert ds.train.x.shape == (6, 3, 20, 20) and ds.val.x.shape == (2, 3, 20, 20)
-    assert ds.train.x.min() >= 0.0 and ds.train.x.max() <= 1.0
-    np.testing.assert_allclose(ds.train.x[0], 128 / 255.0, rtol=1e-5)
+    mean, std = (np.array(ds.normalization[k])[:, None, None] for k in ("mean", "std"))
+    unscaled = ds.train.x * std + mean
+    assert unscaled.min() >= -1e-5 and unscaled.max() <= 1.0 + 1e-5
+    np.testing.assert_allclose(unscaled[0], 128 / 255.0, rtol=1e-5)
     assert ds.class_names == ("malignant", "normal_benign")
     assert load(path, image_size=4).train.x.shape == (6, 3, 4, 4)
 
 
 def test_num_classes_spans_every_split(tmp_path):
-    write_medmnist(tmp_path / "x.npz", {"train": [0, 1, 0], "val": [3], "test": [2, 1]})
+    write_medmnist(tmp_path / "x.npz", {"train": [0, 1, 3, 2], "val": [3, 2, 1, 0], "test": [2, 1, 0, 3]})
     ds = load(tmp_path / "x.npz")
     assert ds.num_classes == 4 and ds.class_names == ("class0", "class1", "class2", "class3")
+
+
+@pytest.mark.parametrize("labels, message", [
+    ({"train": [0, 1, 0], "val": [1, 0], "test": [2, 1, 0]}, "class 'class2' has no image in the train split"),
+    ({"train": [0, 1, 0], "val": [1, 1], "test": [1, 0]}, "class 'class0' has no image in the val split"),
+    ({"train": [0, 1, 0], "val": [1, 0], "test": [0, 0]}, "class 'class1' has no image in the test split"),
+])
+def test_a_class_absent_from_a_split_is_an_error(tmp_path, labels, message):
+    write_medmnist(tmp_path / "x.npz", labels)
+    with pytest.raises(ConfigError, match=rf"x\.npz.*{message}") as err:
+        load(tmp_path / "x.npz")
+    assert err.value.key == "data.path"
 
 
 def test_path_errors_name_the_file(tmp_path):
@@ -120,7 +163,14 @@ def test_real_pneumoniamnist_matches_its_readme(real):
     assert np.bincount(real.val.y).tolist() == [135, 389]
     assert np.bincount(real.test.y).tolist() == [234, 390]
     assert real.class_names == ("normal", "pneumonia") and real.eval_split.endswith("(624 images)")
-    assert 0.0 <= real.train.x.min() and real.train.x.max() <= 1.0
+    assert real.val_split == "official val split of pneumoniamnist.npz (524 images)"
+    with np.load(REAL) as npz:
+        arrays = {k: npz[k] for k in ("train_images", "val_images", "test_images")}
+    for split in ("train", "val", "test"):
+        assert_standardised(getattr(real, split).x, arrays, split)
+    assert real.normalization["computed_on"] == "train split (4707 images)"
+    np.testing.assert_allclose(real.train.x.mean(), 0.0, atol=1e-4)
+    np.testing.assert_allclose(real.train.x.std(), 1.0, atol=1e-4)
 
 
 def test_real_partition_only_uses_training_images(real):

@@ -1,5 +1,5 @@
-"""Datasets for mpicd: one loader per on-disk format, each returning a :class:`Dataset` whose
-``test`` split is held out from every client; :mod:`mpicd.data.partition` splits ``train``."""
+"""Datasets for mpicd: one loader per on-disk format, each returning a standardised :class:`Dataset`
+whose ``test`` and ``val`` splits no client trains on; :mod:`mpicd.data.partition` splits ``train``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """APTOS 2019 blindness detection (Kaggle layout), binarised as in the paper: grade 0 vs grades 1-4.
 
 ``<path>/train.csv`` (id_code, diagnosis) and ``<path>/train_images/<id_code>.png``; Kaggle's
-test images have no labels, so the held-out set is a stratified split of train.csv.
+test images have no labels, so the held-out and validation sets are stratified splits of train.csv.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import csv
 import numpy as np
 
 from mpicd.config import ConfigError, DataConfig
-from mpicd.data.base import Dataset, existing_path, holdout_dataset, read_grey_png, reject_unused
+from mpicd.data.base import Dataset, existing_path, read_grey_png, reject_unused, split_dataset
 
 CLASS_NAMES = ("no_dr", "dr")
 DEFAULT_SIZE = 64
@@ -46,4 +46,4 @@ def load(cfg: DataConfig) -> Dataset:
         images.append(read_grey_png(image, size))
         labels.append(int(grade != "0"))
     y = np.asarray(labels, dtype=np.int64)
-    return holdout_dataset("aptos", np.stack(images)[:, None], y, CLASS_NAMES, cfg, str(table))
+    return split_dataset("aptos", "image", np.stack(images)[:, None], y, CLASS_NAMES, cfg, str(table))

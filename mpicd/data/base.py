@@ -1,4 +1,4 @@
-"""The dataset containers every loader returns, and the checks and held-out split they share.
+"""The dataset containers every loader returns, and the splits, checks and scaling they share.
 
 Kept apart from ``__init__`` so the format modules can import them without a cycle.
 """
@@ -13,12 +13,14 @@ from PIL import Image
 
 from mpicd.config import ConfigError, DataConfig
 
-_HOLDOUT_STREAM = 0x686F6C64  # "hold": keeps the held-out split's random stream apart from others
+# Distinct random streams per split, so the validation draw never moves the held-out set.
+_HOLDOUT_STREAM = 0x686F6C64  # "hold"
+_VAL_STREAM = 0x76616C69      # "vali"
 
 
 @dataclass(frozen=True, eq=False)
 class Arrays:
-    """One split: ``x`` float32 (images (n, channels, H, W) in [0, 1], tabular (n, features)), ``y`` int64 (n,)."""
+    """One split: ``x`` float32 (images (n, channels, H, W), tabular (n, features)), ``y`` int64 (n,)."""
 
     x: np.ndarray
     y: np.ndarray
@@ -32,16 +34,22 @@ class Arrays:
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A loaded dataset; ``test`` is the held-out evaluation set that no client ever trains on."""
+    """A loaded dataset, standardised with ``train``'s statistics; clients only ever train on ``train``.
+
+    ``test`` is the held-out evaluation set, ``val`` the tuning set; ``eval_split``, ``val_split``
+    and ``normalization`` (plain Python values) say how each was made, for the results file.
+    """
 
     name: str
     train: Arrays
     test: Arrays
-    val: Arrays | None
+    val: Arrays
     num_classes: int
     class_names: tuple[str, ...]
     kind: str
     eval_split: str
+    val_split: str
+    normalization: dict
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -77,36 +85,81 @@ def read_grey_png(path: Path, size: int) -> np.ndarray:
     return np.asarray(grey, dtype=np.float32) / 255.0
 
 
-def stratified_holdout(y: np.ndarray, cfg: DataConfig, class_names: tuple[str, ...],
-                       source: str) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted (train, test) indices: round(test_fraction * n_c) of each class held out, seeded by split_seed.
+def _rounded(fraction: float, n: int) -> int:
+    """fraction * n rounded half up (numpy's round would send 0.5 to the even neighbour)."""
+    return int(np.floor(fraction * n + 0.5))
 
-    Every class keeps at least one case on each side, or it is an error naming ``source``.
+
+def stratified_split(y: np.ndarray, cfg: DataConfig, class_names: tuple[str, ...],
+                     source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sorted (train, val, test) indices: of each class's n cases, round(test_fraction * n) held out
+    for test, then round(val_fraction * n) of the rest for validation, the remainder for training.
+
+    Test and validation draw from separate streams of ``split_seed``, so ``val_fraction`` never
+    changes the test set. Every class keeps at least one case in each split, or it is an error
+    naming ``source``.
     """
-    rng = np.random.default_rng(np.random.SeedSequence([cfg.split_seed, _HOLDOUT_STREAM]))
-    train, test = [], []
+    test_rng = np.random.default_rng(np.random.SeedSequence([cfg.split_seed, _HOLDOUT_STREAM]))
+    val_rng = np.random.default_rng(np.random.SeedSequence([cfg.split_seed, _VAL_STREAM]))
+    train, val, test = [], [], []
     for c, name in enumerate(class_names):
-        idx = rng.permutation(np.flatnonzero(y == c))
-        n_test = int(np.floor(cfg.test_fraction * len(idx) + 0.5))
-        if n_test == 0 or n_test == len(idx):
-            raise ConfigError("data.test_fraction", f"class {name!r} has {len(idx)} cases in {source}; "
-                              f"test_fraction={cfg.test_fraction} leaves {n_test} held out and "
-                              f"{len(idx) - n_test} for training, both must be at least 1")
+        idx = test_rng.permutation(np.flatnonzero(y == c))
+        n = len(idx)
+        n_test, n_val = _rounded(cfg.test_fraction, n), _rounded(cfg.val_fraction, n)
+        n_train = n - n_test - n_val
+        if min(n_test, n_val, n_train) < 1:
+            key = "data.test_fraction" if n_test in (0, n) else "data.val_fraction"
+            raise ConfigError(key, f"class {name!r} has {n} cases in {source}; test_fraction="
+                                   f"{cfg.test_fraction} and val_fraction={cfg.val_fraction} leave {n_test} "
+                                   f"for test, {n_val} for validation and {n_train} for training; each "
+                                   f"must be at least 1")
+        rest = val_rng.permutation(np.sort(idx[n_test:]))
         test.append(idx[:n_test])
-        train.append(idx[n_test:])
-    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+        val.append(rest[:n_val])
+        train.append(rest[n_val:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(val)), np.sort(np.concatenate(test))
 
 
-def holdout_description(cfg: DataConfig, n_test: int, unit: str) -> str:
-    """The ``eval_split`` text of a held-out split made by :func:`stratified_holdout`."""
+def split_descriptions(cfg: DataConfig, n_val: int, n_test: int, unit: str) -> tuple[str, str]:
+    """The ``eval_split`` and ``val_split`` texts of a split made by :func:`stratified_split`."""
     return (f"stratified {cfg.test_fraction:g} of each class held out with split_seed={cfg.split_seed} "
-            f"({n_test} {unit})")
+            f"({n_test} {unit})",
+            f"stratified {cfg.val_fraction:g} of each class, drawn with split_seed={cfg.split_seed} from "
+            f"what is not held out ({n_val} {unit})")
 
 
-def holdout_dataset(name: str, x: np.ndarray, y: np.ndarray, class_names: tuple[str, ...],
-                    cfg: DataConfig, source: str) -> Dataset:
-    """Images ``x, y`` split with :func:`stratified_holdout` into a Dataset without a val split."""
-    train, test = stratified_holdout(y, cfg, class_names, source)
-    return Dataset(name=name, train=Arrays(x[train], y[train]), test=Arrays(x[test], y[test]), val=None,
-                   num_classes=len(class_names), class_names=class_names, kind="image",
-                   eval_split=holdout_description(cfg, len(test), "images"))
+def standardise(train: Arrays, val: Arrays, test: Arrays,
+                unit: str) -> tuple[Arrays, Arrays, Arrays, dict]:
+    """Scale all three splits with the training split's mean and std, per channel (images, over
+    all pixels of the channel) or per feature (tabular), so nothing of val or test leaks in.
+
+    A constant channel gets std 1. Returns the splits and the statistics as plain floats.
+    """
+    axes = (0, *range(2, train.x.ndim))
+    mean = train.x.mean(axis=axes, dtype=np.float64)
+    std = train.x.std(axis=axes, dtype=np.float64)
+    std[std == 0] = 1.0
+    shape = (1, len(mean), *[1] * (train.x.ndim - 2))
+    m, s = mean.astype(np.float32).reshape(shape), std.astype(np.float32).reshape(shape)
+    train, val, test = (Arrays(((a.x - m) / s).astype(np.float32, copy=False), a.y) for a in (train, val, test))
+    stats = {"mean": [float(v) for v in mean], "std": [float(v) for v in std],
+             "computed_on": f"train split ({len(train.y)} {unit})"}
+    return train, val, test, stats
+
+
+def make_dataset(name: str, kind: str, train: Arrays, val: Arrays, test: Arrays,
+                 class_names: tuple[str, ...], eval_split: str, val_split: str) -> Dataset:
+    """Standardise the splits (:func:`standardise`) and wrap them in a Dataset."""
+    train, val, test, stats = standardise(train, val, test, "images" if kind == "image" else "cases")
+    return Dataset(name=name, train=train, test=test, val=val, num_classes=len(class_names),
+                   class_names=class_names, kind=kind, eval_split=eval_split, val_split=val_split,
+                   normalization=stats)
+
+
+def split_dataset(name: str, kind: str, x: np.ndarray, y: np.ndarray, class_names: tuple[str, ...],
+                  cfg: DataConfig, source: str) -> Dataset:
+    """``x, y`` split with :func:`stratified_split` and standardised into a Dataset."""
+    train, val, test = stratified_split(y, cfg, class_names, source)
+    eval_split, val_split = split_descriptions(cfg, len(val), len(test), "images" if kind == "image" else "cases")
+    return make_dataset(name, kind, *(Arrays(x[i], y[i]) for i in (train, val, test)), class_names,
+                        eval_split, val_split)

@@ -1,7 +1,7 @@
 """COVID-19 Radiography Database layout: ``<path>/<Class>/images/*.png``, one folder per class.
 
-Classes come from data.classes in label order (default Normal, COVID); the held-out set is a
-stratified split, since the database has no official one.
+Classes come from data.classes in label order (default Normal, COVID); the held-out and
+validation sets are stratified splits, since the database has no official ones.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpicd.config import ConfigError, DataConfig
-from mpicd.data.base import Dataset, existing_path, holdout_dataset, read_grey_png
+from mpicd.data.base import Dataset, existing_path, read_grey_png, split_dataset
 
 DEFAULT_CLASSES = ("Normal", "COVID")
 DEFAULT_SIZE = 64
@@ -32,4 +32,4 @@ def load(cfg: DataConfig) -> Dataset:
         images += [read_grey_png(f, size) for f in files]
         labels += [label] * len(files)
     x = np.stack(images)[:, None]
-    return holdout_dataset("covid", x, np.asarray(labels, dtype=np.int64), classes, cfg, str(root))
+    return split_dataset("covid", "image", x, np.asarray(labels, dtype=np.int64), classes, cfg, str(root))

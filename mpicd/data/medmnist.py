@@ -1,7 +1,7 @@
 """MedMNIST ``.npz`` files (PneumoniaMNIST, BreastMNIST, RetinaMNIST, ...): official train/val/test splits.
 
-The official test split is the held-out evaluation set and val is kept for tuning, so no
-client ever trains on either.
+The official test split is the held-out evaluation set and the official val split the tuning
+set, so no client ever trains on either; every class must appear in all three.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from mpicd.config import ConfigError, DataConfig
-from mpicd.data.base import Arrays, Dataset, existing_path, reject_unused
+from mpicd.data.base import Arrays, Dataset, existing_path, make_dataset, reject_unused
 
 SPLITS = ("train", "val", "test")
 KNOWN_CLASS_NAMES = {
@@ -71,6 +71,11 @@ def load(cfg: DataConfig) -> Dataset:
     if len(class_names) != num_classes:
         raise ConfigError("data.path", f"{str(path)!r} has labels 0..{num_classes - 1}, but a "
                                        f"{name} file has {len(class_names)} classes {class_names}")
-    return Dataset(name=name, train=splits["train"], test=splits["test"], val=splits["val"],
-                   num_classes=num_classes, class_names=class_names, kind="image",
-                   eval_split=f"official test split of {path.name} ({len(splits['test'].y)} images)")
+    for split, arrays in splits.items():
+        absent = np.flatnonzero(np.bincount(arrays.y, minlength=num_classes) == 0)
+        if len(absent):
+            raise ConfigError("data.path", f"{str(path)!r}: class {class_names[absent[0]]!r} has no image in "
+                                           f"the {split} split; every class needs one in train, val and test")
+    return make_dataset(name, "image", splits["train"], splits["val"], splits["test"], class_names,
+                        eval_split=f"official test split of {path.name} ({len(splits['test'].y)} images)",
+                        val_split=f"official val split of {path.name} ({len(splits['val'].y)} images)")

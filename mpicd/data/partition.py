@@ -1,6 +1,12 @@
 """Split a training set among clients: expertise classes round-robin, skew, an images-per-class cap.
 
 Deterministic from the seed; clients' sets are disjoint and only ever index the training split.
+Nested: each class is permuted once from the seed and dealt to the clients like cards, client i
+taking positions i, i + N, i + 2N, ... of it, and a client keeps a prefix of its hand. The
+permutation does not depend on the skew or the cap, so with the same seed and client count a
+client's images at a higher skew (or a lower cap) are a subset of those at a lower skew (or a
+higher cap), and its expertise-class images do not change with the skew: comparing skews
+changes the skew only.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ import numpy as np
 
 from mpicd import seeds
 from mpicd.config import ConfigError
+
+SKEW_MODES = ("symmetric", "authors")
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,17 +43,21 @@ def kept_after_skew(n: int, skew: float) -> int:
 
 
 def make_partition(labels: np.ndarray, num_classes: int, num_clients: int, skew: float,
-                   images_per_class: int | None, seed: int) -> Partition:
+                   images_per_class: int | None, seed: int, skew_mode: str = "symmetric") -> Partition:
     """Give client i ``base`` images of its expertise class and ``kept_after_skew(base, skew)`` of each other.
 
     ``base`` is ``images_per_class``, or by default the most every class can give every client
     (min over classes of count // clients), so the expertise class really is the majority.
+    ``skew_mode="authors"`` reproduces the authors' code: only clients whose expertise class is 0
+    lose images of their other classes; every other client keeps ``base`` of every class.
     """
     labels = np.asarray(labels)
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f"labels must lie in 0..{num_classes - 1}, got {labels.min()}..{labels.max()}")
     if not 0.0 <= skew < 1.0:
         raise ConfigError("data.skew", f"must be in [0, 1), got {skew!r}")
+    if skew_mode not in SKEW_MODES:
+        raise ConfigError("data.skew_mode", f"must be one of {', '.join(SKEW_MODES)}, got {skew_mode!r}")
     counts = np.bincount(labels, minlength=num_classes)
     largest = int(counts.min()) // num_clients
     if largest == 0:
@@ -59,9 +71,10 @@ def make_partition(labels: np.ndarray, num_classes: int, num_clients: int, skew:
                               f"{base * num_clients} images of class {c}, which has {counts[c]} in the "
                               f"training split; the largest allowed value is {largest}")
     expertise = expertise_classes(num_clients, num_classes)
-    kept = kept_after_skew(base, skew)
-    is_expert = np.arange(num_classes)[None, :] == expertise[:, None]
-    train_counts = np.where(is_expert, base, kept).astype(np.int64)
+    loses = np.arange(num_classes)[None, :] != expertise[:, None]
+    if skew_mode == "authors":
+        loses &= (expertise == 0)[:, None]
+    train_counts = np.where(loses, kept_after_skew(base, skew), base).astype(np.int64)
     empty = np.argwhere(train_counts == 0)
     if len(empty):
         i, c = (int(v) for v in empty[0])
@@ -72,9 +85,8 @@ def make_partition(labels: np.ndarray, num_classes: int, num_clients: int, skew:
     taken: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for c in range(num_classes):
         order = rng.permutation(np.flatnonzero(labels == c))
-        ends = np.cumsum(train_counts[:, c])
         for i in range(num_clients):
-            taken[i].append(order[ends[i] - train_counts[i, c]:ends[i]])
+            taken[i].append(order[i::num_clients][:train_counts[i, c]])
     train_indices = tuple(np.sort(np.concatenate(parts)).astype(np.int64) for parts in taken)
     return Partition(train_indices=train_indices, expertise=expertise, train_counts=train_counts,
                      base_per_class=base)
