@@ -1,33 +1,104 @@
-"""Paper-style tables from results files: one cell per (method, dataset, skew, clients, images
-per class), mean ± sd over seeds of the final-round metrics, and the bytes each method moved.
+"""Paper-style tables and plots from results files, with mean ± sd over seeds for every cell.
 
-A run's score is the mean over clients of the metric, averaged over its last ``last`` completed
-rounds; the cell's sd is the sample standard deviation (ddof=1) of those scores over seeds.
+A *cell* is the whole resolved config a run stored (attr ``config``) minus the keys in
+``OPERATIONAL``: two runs share a cell exactly when they differ only in seed (or in how they were
+run), so runs with another λ, k, model, optimizer or learning rate are never averaged together.
+Tables show the method plus every config key that tells the cells shown apart.
+
+A run's *score* for a test metric is its mean over clients, either averaged over the last N
+completed rounds (``select="last"``) or taken at the round with the highest validation minority
+accuracy (``select="best-val"``; ties -> the earliest round), so the round reported is chosen on
+the validation split, never on the test split. A cell's sd is the sample sd (ddof=1) over seeds.
+A run that stopped early (``completed_rounds < rounds``) is excluded unless asked for.
 """
 
 from __future__ import annotations
 
+import csv
+import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
+from .config import OPERATIONAL_KEYS
 from .results import Results
 
 SCORES = ("minority_acc", "balanced_acc", "test_acc")
+SELECT_METRIC = "val_minority_acc"
+
+OPERATIONAL = ("seed", *OPERATIONAL_KEYS)
+"""Config keys, or whole sections, left out of a cell: the seed (what the sd is taken over) and
+the keys that say how a run was executed, not what it computes (``config.OPERATIONAL_KEYS``:
+output, device, checkpoint, debug, timeout, eval, train.eval_batch_size)."""
+
+HEADLINE = ("data.name", "clients", "data.images_per_class", "data.skew")
+MISSING = "–"
+
+
+class ReportError(ValueError):
+    """Runs that cannot be reported as asked; the message names the file(s)."""
+
+
+def _operational(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in OPERATIONAL)
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested mapping -> {dotted.key: hashable value}."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, dotted + "."))
+        else:
+            flat[dotted] = tuple(value) if isinstance(value, list) else value
+    return flat
+
+
+def _order(value: Any) -> tuple:
+    """Sort numbers numerically, then strings, with missing values last."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, value, "")
+    return (1, 0, str(value)) if value is not MISSING else (2, 0, "")
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return ",".join(map(fmt, value))
+    return str(value)
 
 
 @dataclass(frozen=True)
 class Cell:
-    """What makes runs comparable; runs that differ only in seed share a cell."""
+    """What makes runs comparable: the sorted (dotted key, value) pairs of the config, minus OPERATIONAL."""
 
-    algorithm: str
-    dataset: str
-    skew: float
-    clients: int
-    images_per_class: int
+    items: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, config: dict) -> "Cell":
+        return cls(tuple(sorted((k, v) for k, v in _flatten(config).items() if not _operational(k))))
+
+    def get(self, key: str) -> Any:
+        return dict(self.items).get(key, MISSING)
+
+    @property
+    def method(self) -> str:
+        return str(self.get("algorithm.name"))
+
+    def drop(self, *prefixes: str) -> "Cell":
+        """The cell without the given keys or sections (e.g. "algorithm", "data.skew")."""
+        return Cell(tuple((k, v) for k, v in self.items
+                          if not any(k == p or k.startswith(p + ".") for p in prefixes)))
+
+    def sort_key(self) -> tuple:
+        return (*(_order(self.get(k)) for k in HEADLINE), self.method, tuple((k, _order(v)) for k, v in self.items))
 
 
 @dataclass
@@ -35,22 +106,114 @@ class RunSummary:
     path: Path
     cell: Cell
     seed: int
-    rounds: int
-    scores: dict            # metric -> the run's score
-    bytes_per_round: float  # sent + received, per rank and round, averaged over both
+    rounds: int              # completed rounds
+    planned_rounds: int
+    scores: dict             # metric -> the run's score
+    bytes_per_round: float   # sent + received over 2, per rank and round
+    curves: dict             # metric -> (completed rounds,) mean over clients
+    headline: dict           # dataset, clients, images_per_class as the run resolved them
+    selected_round: int | None = None  # 0-based, with select="best-val"
 
 
-def summarize(path: str | Path, last: int = 1) -> RunSummary:
-    res = Results(path)
+def _planned(res: Results) -> int:
+    config = res.config if isinstance(res.config, dict) else {}
+    return int(res.attrs["rounds"]) if "rounds" in res.attrs else int(config.get("rounds", res.completed_rounds))
+
+
+def summarize(source: str | Path | Results, last: int = 1, select: str = "last") -> RunSummary:
+    """Read one results file (or take it read) and score it (see the module docstring)."""
+    res = source if isinstance(source, Results) else Results(source)
+    path = res.path
+    if not isinstance(res.config, dict) or "algorithm" not in res.config:
+        raise ReportError(f"{path}: the attr config holds no resolved config (no algorithm section)")
     if res.completed_rounds == 0:
-        raise ValueError(f"{path}: no completed round")
-    window = slice(max(0, res.completed_rounds - last), res.completed_rounds)
-    attrs = res.attrs
-    cell = Cell(str(attrs["algorithm"]), str(attrs["dataset"]), float(attrs["skew"]), int(attrs["clients"]),
-                int(attrs["images_per_class"]))
-    scores = {m: float(np.mean(res.metrics[m][window])) for m in SCORES}
+        raise ReportError(f"{path}: no completed round")
+    absent = [f"/metrics/{m}" for m in (*SCORES, "bytes_sent", "bytes_recv") if m not in res.metrics]
+    if absent:
+        raise ReportError(f"{path}: no {', '.join(absent)}")
+    curves = {m: res.metrics[m].mean(axis=1) for m in SCORES}
+    selected = None
+    if select == "last":
+        window = slice(max(0, res.completed_rounds - last), res.completed_rounds)
+    elif select == "best-val":
+        if SELECT_METRIC not in res.metrics:
+            raise ReportError(f"{path}: no /metrics/{SELECT_METRIC}, which --select best-val needs "
+                              "(a file written before validation metrics existed?)")
+        val = res.metrics[SELECT_METRIC].mean(axis=1)
+        if np.isnan(val).any():
+            raise ReportError(f"{path}: /metrics/{SELECT_METRIC} has missing values in completed rounds")
+        selected = int(np.argmax(val))  # the first maximum: ties -> the earliest round
+        window = slice(selected, selected + 1)
+    else:
+        raise ValueError(f"unknown selection rule {select!r}")
+    attrs, data = res.attrs, res.config.get("data", {})
     moved = (res.metrics["bytes_sent"] + res.metrics["bytes_recv"]) / 2
-    return RunSummary(Path(path), cell, int(attrs["seed"]), res.completed_rounds, scores, float(moved.mean()))
+    headline = {"dataset": str(attrs.get("dataset", data.get("name"))),
+                "clients": int(attrs.get("clients", res.config.get("clients"))),
+                "images_per_class": attrs.get("images_per_class", data.get("images_per_class"))}
+    return RunSummary(Path(path), Cell.of(res.config), int(attrs.get("seed", res.config.get("seed"))),
+                      res.completed_rounds, _planned(res), {m: float(curves[m][window].mean()) for m in SCORES},
+                      float(moved.mean()), curves, headline, selected)
+
+
+def collect(paths: Iterable[str | Path], last: int = 1, select: str = "last",
+            include_incomplete: bool = False) -> tuple[list[RunSummary], list[str]]:
+    """Score every file; returns (runs kept, one line per incomplete run excluded or included)."""
+    kept, notes = [], []
+    for path in paths:
+        try:
+            res = Results(path)
+        except (OSError, KeyError) as err:
+            raise ReportError(f"{path}: not a readable mpicd results file ({err})") from None
+        planned = _planned(res)
+        if res.completed_rounds < planned:
+            if not include_incomplete:
+                notes.append(f"excluded: {path} ({res.completed_rounds}/{planned} rounds)")
+                continue
+            notes.append(f"included although incomplete: {path} ({res.completed_rounds}/{planned} rounds)")
+        kept.append(summarize(res, last, select))
+    return kept, notes
+
+
+def group(summaries: Iterable[RunSummary]) -> dict[Cell, list[RunSummary]]:
+    """Runs by cell, cells sorted by dataset, clients, images per class, skew, method."""
+    cells: dict[Cell, list[RunSummary]] = defaultdict(list)
+    for s in summaries:
+        for other in cells[s.cell]:
+            if other.seed == s.seed:
+                raise ReportError(f"{other.path} and {s.path} are the same cell with the same seed "
+                                  f"{s.seed} (the same run twice?): report only one of them")
+        cells[s.cell].append(s)
+    return {c: sorted(runs, key=lambda r: r.seed) for c, runs in sorted(cells.items(), key=lambda kv: kv[0].sort_key())}
+
+
+def distinguishing(cells: Iterable[Cell], skip: tuple[str, ...] = ("algorithm.name",)) -> list[str]:
+    """The config keys whose value differs between the given cells.
+
+    An ``algorithm.*`` key counts only if it differs between cells of the same method: that
+    FedAvg has no λ while co-distillation has one is already said by the method column.
+    """
+    cells = list(cells)
+    keys = sorted({k for c in cells for k, _ in c.items} - set(skip))
+    shown = []
+    for key in keys:
+        if key.startswith("algorithm."):
+            by_method = defaultdict(set)
+            for c in cells:
+                by_method[c.method].add(c.get(key))
+            differs = any(len(values) > 1 for values in by_method.values())
+        else:
+            differs = len({c.get(key) for c in cells}) > 1
+        if differs:
+            shown.append(key)
+    return shown
+
+
+def _label(cell: Cell, keys: list[str]) -> str:
+    """The method, with the algorithm keys that set it apart, e.g. ``codistill (lambda=0.5)``."""
+    own = [f"{k.removeprefix('algorithm.')}={fmt(cell.get(k))}" for k in keys
+           if k.startswith("algorithm.") and cell.get(k) is not MISSING]
+    return cell.method + (f" ({', '.join(own)})" if own else "")
 
 
 def mean_sd(values: list[float]) -> str:
@@ -59,84 +222,302 @@ def mean_sd(values: list[float]) -> str:
     return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
 
 
-def group(summaries: Iterable[RunSummary]) -> dict[Cell, list[RunSummary]]:
-    cells: dict[Cell, list[RunSummary]] = defaultdict(list)
-    for s in summaries:
-        cells[s.cell].append(s)
+def _sd(values: list[float]) -> float:
+    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+@dataclass
+class Setting:
+    """One block of the paper's view: cells equal but for method and skew."""
+
+    name: str                                 # e.g. "toy, 2 clients, 50 images/class"
+    extra: str                                # the other keys that set this block apart, e.g. "model.name=lenet"
+    rows: dict = field(default_factory=dict)  # method label -> {skew: runs}
+
+    def title(self, metric: str) -> str:
+        return f"{metric} on {self.name}" + (f", {self.extra}" if self.extra else "")
+
+
+def settings(cells: dict[Cell, list[RunSummary]]) -> list[Setting]:
+    setting_keys = distinguishing([c.drop("algorithm", "data.skew") for c in cells])
+    blocks: dict[Cell, Setting] = {}
     for cell, runs in cells.items():
-        seeds = [r.seed for r in runs]
-        if len(set(seeds)) != len(seeds):
-            dupes = sorted({str(r.path) for r in runs if seeds.count(r.seed) > 1})
-            raise ValueError(f"the same seed appears twice in one cell ({cell}): {', '.join(dupes)}")
-    return dict(sorted(cells.items(), key=lambda kv: (kv[0].dataset, kv[0].clients, kv[0].images_per_class,
-                                                      kv[0].skew, kv[0].algorithm)))
+        where = cell.drop("algorithm", "data.skew")
+        if where not in blocks:
+            h = runs[0].headline
+            extra = ", ".join(f"{k}={fmt(where.get(k))}" for k in setting_keys if k not in HEADLINE)
+            blocks[where] = Setting(f"{h['dataset']}, {h['clients']} clients, {h['images_per_class']} images/class",
+                                    extra)
+    method_keys = distinguishing(cells)  # the same labels in every block, e.g. codistill (lambda=0.5)
+    for where, block in blocks.items():
+        here = [c for c in cells if c.drop("algorithm", "data.skew") == where]
+        for c in sorted(here, key=lambda c: (c.method, c.sort_key())):
+            block.rows.setdefault(_label(c, method_keys), {})[c.get("data.skew")] = cells[c]
+    return list(blocks.values())
+
+
+def skew_table(cells: dict[Cell, list[RunSummary]], metric: str = "minority_acc") -> str:
+    """The paper's view: methods down, skew across, mean ± sd over seeds, sd across skews; one block per setting."""
+    out = []
+    for block in settings(cells):
+        skews = sorted({s for row in block.rows.values() for s in row}, key=_order)
+        lines = [f"{block.title(metric)} (mean ± sd over seeds)", "",
+                 "| method | " + " | ".join(f"s={fmt(s)}" for s in skews) + " | sd across skews |",
+                 "|" + "---|" * (len(skews) + 2)]
+        for label, row in block.rows.items():
+            means = [float(np.mean([r.scores[metric] for r in row[s]])) for s in skews if s in row]
+            cols = [mean_sd([r.scores[metric] for r in row[s]]) if s in row else MISSING for s in skews]
+            spread = f"{np.std(means, ddof=1):.3f}" if len(means) > 1 else MISSING
+            lines.append(f"| {label} | " + " | ".join(cols) + f" | {spread} |")
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
+def cell_rows(cells: dict[Cell, list[RunSummary]]) -> tuple[list[str], list[list[Any]]]:
+    """Every cell as one row of raw values: method, dataset and images per class as the runs
+    resolved them, clients, skew, the other distinguishing keys, seeds, mean and sd of each score,
+    bytes per round per rank."""
+    keys = ["clients", "data.skew", *(k for k in distinguishing(cells) if k not in ("clients", "data.skew"))]
+    header = ["method", "dataset", "images_per_class", *keys, "seeds", "seed_values",
+              *(f"{m}_{s}" for m in SCORES for s in ("mean", "sd")), "bytes_per_round_rank"]
+    rows = []
+    for cell, runs in cells.items():
+        stats = []
+        for m in SCORES:
+            values = [r.scores[m] for r in runs]
+            stats += [float(np.mean(values)), _sd(values) if len(values) > 1 else None]
+        rows.append([cell.method, runs[0].headline["dataset"], runs[0].headline["images_per_class"],
+                     *(cell.get(k) for k in keys), len(runs), " ".join(str(r.seed) for r in runs), *stats,
+                     float(np.mean([r.bytes_per_round for r in runs]))])
+    return header, rows
 
 
 def cell_table(cells: dict[Cell, list[RunSummary]]) -> str:
     """Every cell on one line (markdown)."""
-    header = ["dataset", "clients", "images/class", "skew", "method", "seeds", *SCORES, "bytes/round/rank"]
+    keys = distinguishing(cells)
+    header = ["method", *keys, "seeds", *SCORES, "bytes/round/rank"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for cell, runs in cells.items():
-        row = [cell.dataset, str(cell.clients), str(cell.images_per_class), f"{cell.skew:g}", cell.algorithm,
-               str(len(runs)), *(mean_sd([r.scores[m] for r in runs]) for m in SCORES),
+        row = [cell.method, *(fmt(cell.get(k)) for k in keys), str(len(runs)),
+               *(mean_sd([r.scores[m] for r in runs]) for m in SCORES),
                f"{np.mean([r.bytes_per_round for r in runs]):,.0f}"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
-def skew_table(cells: dict[Cell, list[RunSummary]], metric: str = "minority_acc") -> str:
-    """The paper's view: methods down, skew across, mean ± sd over seeds; one block per setting."""
-    blocks = []
-    settings = sorted({(c.dataset, c.clients, c.images_per_class) for c in cells})
-    for dataset, clients, ipc in settings:
-        here = {c: runs for c, runs in cells.items() if (c.dataset, c.clients, c.images_per_class) == (dataset, clients, ipc)}
-        skews = sorted({c.skew for c in here})
-        methods = sorted({c.algorithm for c in here})
-        lines = [f"{metric} on {dataset}, {clients} clients, {ipc} images/class (mean ± sd over seeds)", "",
-                 "| method | " + " | ".join(f"s={s:g}" for s in skews) + " | sd across skews |",
-                 "|" + "---|" * (len(skews) + 2)]
-        for method in methods:
-            means, row = [], []
-            for s in skews:
-                runs = here.get(Cell(method, dataset, s, clients, ipc), [])
-                row.append(mean_sd([r.scores[metric] for r in runs]) if runs else "–")
-                if runs:
-                    means.append(float(np.mean([r.scores[metric] for r in runs])))
-            spread = f"{np.std(means, ddof=1):.3f}" if len(means) > 1 else "–"
-            lines.append(f"| {method} | " + " | ".join(row) + f" | {spread} |")
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
+def write_csv(cells: dict[Cell, list[RunSummary]], path: str | Path) -> None:
+    """The cell table, machine-readable: one row per cell; an sd of a single seed, or a key the
+    cell's config does not have, is empty."""
+    header, rows = cell_rows(cells)
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(header)
+        for row in rows:
+            out.writerow(["" if v is None or v is MISSING else v if isinstance(v, (int, float)) else fmt(v)
+                          for v in row])
 
 
-def plot(cells: dict[Cell, list[RunSummary]], path: str | Path, metric: str = "minority_acc") -> None:
-    """Metric against skew, one line per method with ±sd error bars, one panel per setting."""
+# --------------------------------------------------------------------------- paired comparison
+
+def _t_central(t: float, df: int) -> float:
+    """P(|T| < t) for Student's t with integer df, in closed form (Abramowitz & Stegun 26.7.3-4)."""
+    theta = math.atan(t / math.sqrt(df))
+    s, c2 = math.sin(theta), math.cos(theta) ** 2
+    if df % 2 == 0:  # sin θ (1 + 1/2 cos²θ + 1·3/(2·4) cos⁴θ + ... up to cos^(df-2)θ)
+        term = total = 1.0
+        for j in range(1, df // 2):
+            term *= (2 * j - 1) / (2 * j) * c2
+            total += term
+        return s * total
+    if df == 1:
+        return 2 * theta / math.pi
+    term = total = math.cos(theta)  # 2/π (θ + sin θ (cos θ + 2/3 cos³θ + ... up to cos^(df-2)θ))
+    for j in range(1, (df - 1) // 2):
+        term *= (2 * j) / (2 * j + 1) * c2
+        total += term
+    return 2 / math.pi * (theta + s * total)
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile (p > 0.5) of Student's t with df degrees of freedom, by bisection on the exact CDF."""
+    if not 0.5 < p < 1 or df < 1:
+        raise ValueError(f"t_quantile needs 0.5 < p < 1 and df >= 1, got p={p}, df={df}")
+    lo, hi = 0.0, 1.0
+    while _t_central(hi, df) < 2 * p - 1:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_central(mid, df) < 2 * p - 1 else (lo, mid)
+    return (lo + hi) / 2
+
+
+@dataclass
+class Paired:
+    method: str                 # label of the compared cell
+    reference: str              # label of the reference cell, or METHOD if none matched
+    cell: Cell
+    diffs: list[float]          # method - reference, per shared seed
+    interval: tuple[float, float] | None
+
+    @property
+    def mean(self) -> float | None:
+        return float(np.mean(self.diffs)) if self.diffs else None
+
+    @property
+    def verdict(self) -> str:
+        if self.interval is None:
+            return MISSING
+        lo, hi = self.interval
+        return "wins" if lo > 0 else "loses" if hi < 0 else "ties"
+
+
+def versus(cells: dict[Cell, list[RunSummary]], reference: str, metric: str = "minority_acc") -> list[Paired]:
+    """Pair every other method's cell with the ``reference`` cell(s) equal but for the algorithm
+    section, by seed; mean difference with a 95% t-interval over the paired seeds."""
+    refs = [c for c in cells if c.method == reference]
+    if not refs:
+        methods = ", ".join(sorted({c.method for c in cells}))
+        raise ReportError(f"--versus {reference}: no runs of {reference} among the runs reported (methods: {methods})")
+    keys = distinguishing(cells)
+    out = []
+    for cell, runs in cells.items():
+        if cell.method == reference:
+            continue
+        matches = [r for r in refs if r.drop("algorithm") == cell.drop("algorithm")]
+        for ref in matches or [None]:
+            by_seed = {r.seed: r.scores[metric] for r in cells[ref]} if ref else {}
+            diffs = [r.scores[metric] - by_seed[r.seed] for r in runs if r.seed in by_seed]
+            interval = None
+            if len(diffs) > 1:
+                half = t_quantile(0.975, len(diffs) - 1) * np.std(diffs, ddof=1) / math.sqrt(len(diffs))
+                interval = (float(np.mean(diffs) - half), float(np.mean(diffs) + half))
+            out.append(Paired(_label(cell, keys), _label(ref, keys) if ref else reference, cell, diffs, interval))
+    return out
+
+
+def versus_table(cells: dict[Cell, list[RunSummary]], reference: str, metric: str = "minority_acc") -> str:
+    pairs = versus(cells, reference, metric)
+    keys = [k for k in distinguishing(cells) if not k.startswith("algorithm.")]
+    lines = [f"{metric}: each method minus {reference} on the same seeds (mean difference, 95% t-interval "
+             f"over the paired seeds; wins / ties / loses: interval above / containing / below 0)", "",
+             "| method | versus | " + "".join(f"{k} | " for k in keys)
+             + f"pairs | Δ {metric} | 95% interval | verdict |",
+             "|" + "---|" * (len(keys) + 6)]
+    for p in pairs:
+        ci = f"[{p.interval[0]:+.3f}, {p.interval[1]:+.3f}]" if p.interval else MISSING
+        mean = f"{p.mean:+.3f}" if p.mean is not None else MISSING
+        lines.append(f"| {p.method} | {p.reference} | " + "".join(f"{fmt(p.cell.get(k))} | " for k in keys)
+                     + f"{len(p.diffs)} | {mean} | {ci} | {p.verdict} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- plots
+
+def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise SystemExit("mpicd report --plot needs matplotlib: pip install 'mpicd[report]'") from None
+        raise SystemExit("mpicd report's plots need matplotlib: pip install 'mpicd[report]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
-    settings = sorted({(c.dataset, c.clients, c.images_per_class) for c in cells})
-    fig, axes = plt.subplots(1, len(settings), figsize=(5 * len(settings), 4), squeeze=False)
-    for ax, (dataset, clients, ipc) in zip(axes[0], settings):
-        for method in sorted({c.algorithm for c in cells}):
-            points = sorted((c.skew, [r.scores[metric] for r in runs]) for c, runs in cells.items()
-                            if (c.algorithm, c.dataset, c.clients, c.images_per_class) == (method, dataset, clients, ipc))
-            if points:
-                ax.errorbar([p[0] for p in points], [np.mean(p[1]) for p in points],
-                            yerr=[np.std(p[1], ddof=1) if len(p[1]) > 1 else 0 for p in points],
-                            marker="o", capsize=3, label=method)
-        ax.set(title=f"{dataset}, {clients} clients, {ipc}/class", xlabel="skew", ylabel=metric)
+
+def _panels(plt, blocks: list[Setting], ylabel: str):
+    """One panel per setting, titled by it."""
+    fig, axes = plt.subplots(1, len(blocks), figsize=(5.5 * len(blocks), 4.4), squeeze=False)
+    for ax, block in zip(axes[0], blocks):
+        ax.set_title(block.name + (f"\n{block.extra}" if block.extra else ""), fontsize="medium")
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend()
+    return fig, axes[0]
+
+
+def _save(fig, plt, path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def render(cells: dict[Cell, list[RunSummary]], last: int) -> str:
-    rounds = sorted({r.rounds for runs in cells.values() for r in runs})
-    note = (f"{sum(len(v) for v in cells.values())} runs; score = mean over clients of the last "
-            f"{last} completed round(s); rounds per run: {', '.join(map(str, rounds))}")
-    return "\n".join([note, "", skew_table(cells), "", cell_table(cells)])
+def plot(cells: dict[Cell, list[RunSummary]], path: str | Path, metric: str = "minority_acc") -> None:
+    """Metric against skew, one line per method with a ±sd band over seeds, one panel per setting."""
+    plt = _pyplot()
+    blocks = settings(cells)
+    fig, axes = _panels(plt, blocks, metric)
+    for ax, block in zip(axes, blocks):
+        for label, row in block.rows.items():
+            skews = sorted(row, key=_order)
+            mean = np.array([np.mean([r.scores[metric] for r in row[s]]) for s in skews])
+            sd = np.array([_sd([r.scores[metric] for r in row[s]]) for s in skews])
+            line, = ax.plot(skews, mean, marker="o", label=label)
+            ax.fill_between(skews, mean - sd, mean + sd, color=line.get_color(), alpha=0.2)
+        ax.set_xlabel("skew")
+        ax.legend(fontsize="small")
+    _save(fig, plt, path)
+
+
+def plot_rounds(cells: dict[Cell, list[RunSummary]], path: str | Path, metric: str = "minority_acc") -> None:
+    """Metric against round, one line per method and skew (mean over seeds, ±sd band), one panel per setting."""
+    plt = _pyplot()
+    blocks = settings(cells)
+    fig, axes = _panels(plt, blocks, metric)
+    for ax, block in zip(axes, blocks):
+        for label, row in block.rows.items():
+            for s in sorted(row, key=_order):
+                curves = [r.curves[metric] for r in row[s]]
+                table = np.full((len(curves), max(map(len, curves))), np.nan)
+                for i, c in enumerate(curves):
+                    table[i, :len(c)] = c
+                mean = np.nanmean(table, axis=0)
+                sd = np.array([_sd(list(col[~np.isnan(col)])) for col in table.T])
+                x = np.arange(1, table.shape[1] + 1)
+                line, = ax.plot(x, mean, label=f"{label}, s={fmt(s)}")
+                ax.fill_between(x, mean - sd, mean + sd, color=line.get_color(), alpha=0.2)
+        ax.set_xlabel("round")
+        ax.legend(fontsize="small")
+    _save(fig, plt, path)
+
+
+def plot_bytes(cells: dict[Cell, list[RunSummary]], path: str | Path) -> None:
+    """Bytes per round per rank (sent + received over 2) of each method, log scale, one panel per setting."""
+    plt = _pyplot()
+    blocks = settings(cells)
+    fig, axes = _panels(plt, blocks, "bytes per round per rank")
+    for ax, block in zip(axes, blocks):
+        labels = list(block.rows)
+        values = [float(np.mean([r.bytes_per_round for runs in block.rows[m].values() for r in runs])) for m in labels]
+        positive = [v if v > 0 else np.nan for v in values]  # a log axis cannot show 0: say it instead
+        bars = ax.bar(range(len(labels)), positive, color=[f"C{i}" for i in range(len(labels))])
+        ax.bar_label(bars, [f"{v:,.0f}" for v in values], fontsize="small")
+        for i, v in enumerate(values):
+            if v == 0:
+                ax.annotate("0", (i, 0), xycoords=("data", "axes fraction"), ha="center", va="bottom", fontsize="small")
+        if any(v > 0 for v in values):
+            ax.set_yscale("log")
+        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+        ax.set_xlim(-0.6, len(labels) - 0.4)
+    _save(fig, plt, path)
+
+
+# --------------------------------------------------------------------------- text
+
+def rule(select: str, last: int) -> str:
+    if select == "best-val":
+        return ("score = mean over clients of each test metric at the round with the highest validation "
+                "minority accuracy (mean over clients; ties -> the earliest round)")
+    return f"score = mean over clients of each test metric, averaged over the last {last} completed round(s)"
+
+
+def render(cells: dict[Cell, list[RunSummary]], last: int = 1, select: str = "last", notes: Iterable[str] = (),
+           versus_method: str | None = None) -> str:
+    runs = [r for v in cells.values() for r in v]
+    rounds = sorted({r.rounds for r in runs})
+    head = [f"{len(runs)} runs in {len(cells)} cells; {rule(select, last)}; "
+            f"rounds per run: {', '.join(map(str, rounds))}"]
+    chosen = [r.selected_round + 1 for r in runs if r.selected_round is not None]
+    if chosen:
+        head.append(f"rounds chosen on validation: {min(chosen)}..{max(chosen)} (median {np.median(chosen):g})")
+    parts = ["\n".join([*head, *notes]), skew_table(cells), cell_table(cells)]
+    if versus_method:
+        parts.append(versus_table(cells, versus_method))
+    return "\n\n".join(parts)
