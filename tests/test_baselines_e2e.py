@@ -70,7 +70,8 @@ def test_bytes_on_pneumoniamnist(baselines, name):
 def test_options_keep_the_payload(baselines):
     ranks, out = baselines
     check_bytes("fedproto", Results(out / "fedproto_nearest_quick.h5"), ranks)
-    check_bytes("feddistill", Results(out / "feddistill_exclude_quick.h5"), ranks)
+    check_bytes("fedproto", Results(out / "fedproto_equal_quick.h5"), ranks)
+    check_bytes("feddistill", Results(out / "feddistill_include_quick.h5"), ranks)
     check_bytes("fedamp", Results(out / "fedamp_lambda0_quick.h5"), ranks)
 
 
@@ -93,8 +94,8 @@ def test_resolved_hyper_parameters_are_in_the_results_file(baselines):
     _, out = baselines
     config = {name: Results(out / f"{name}_quick.h5").config["algorithm"] for name in BASELINES}
     assert config["fedavg"] == {"name": "fedavg"}
-    assert config["fedproto"] == {"name": "fedproto", "lambda": 1.0, "predict": "head"}
-    assert config["feddistill"] == {"name": "feddistill", "lambda": 1.0, "exclude_self": False}
+    assert config["fedproto"] == {"name": "fedproto", "lambda": 1.0, "weighting": "samples", "predict": "head"}
+    assert config["feddistill"] == {"name": "feddistill", "lambda": 1.0, "exclude_self": True}
     assert config["fedamp"] == {"name": "fedamp", "lambda": 0.1, "sigma": 1e-4, "alpha": "auto",
                                 "similarity": "gaussian", "self_weight": 0.5, "cosine_scale": 10.0}
     assert config["centralized"] == {"name": "centralized"}

@@ -1,4 +1,7 @@
-"""FedDistill: per-class mean logits, one Allreduce of [C x C means ; C flags], soft-target CE."""
+"""FedDistill: per-class mean logits, one Allreduce of [C x C means ; C flags], soft-target CE.
+
+Default teacher (Jeong et al.): the mean over the *other* clients; option: all clients' mean.
+"""
 
 import numpy as np
 import pytest
@@ -9,6 +12,7 @@ from mpicd.algorithms.base import Batch, Context
 from mpicd.algorithms.feddistill import FedDistill, FedDistillParams, teacher_logits
 from mpicd.algorithms.fedproto import mean_over_clients
 from mpicd.models import build_model
+from mpicd.results import Results
 
 from conftest import rank_dumps
 
@@ -55,6 +59,21 @@ def test_teacher_with_and_without_the_own_contribution():
     np.testing.assert_array_equal(has, [False, False])  # nobody else: no teacher, no term
 
 
+def test_default_teacher_leaves_this_client_out():
+    """Another client's mean logits of class 0 are [3, 4]; this client's own are [1, 2]: by default
+    the teacher is [3, 4] (the others' mean), with ``exclude_self: false`` it is [2, 3]."""
+    assert FedDistillParams().exclude_self is True
+    other = np.array([3, 4, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0], dtype=np.float32)  # 3 classes, class 0 only
+    for params, expected in ((FedDistillParams(), [3.0, 4.0, 0.0]),
+                             (FedDistillParams(exclude_self=False), [2.0, 3.0, 0.0])):
+        algorithm, _ = make(params, other)
+        algorithm.before_epoch(0)
+        algorithm.local.add(torch.tensor([[1.0, 2.0, 0.0]]), torch.tensor([0]))
+        algorithm.after_epoch(0)
+        torch.testing.assert_close(algorithm.targets[0], torch.softmax(torch.tensor(expected), dim=0))
+        np.testing.assert_array_equal(algorithm.has_teacher.numpy(), [True, False, False])
+
+
 def test_regulariser_is_lambda_soft_target_cross_entropy_where_a_teacher_exists():
     other = np.zeros(3 * 3 + 3, dtype=np.float32)
     other[[0, 1, 2, 3, 4, 5]] = [2.0, -1.0, 0.5, 0.0, 3.0, 1.0]  # teachers for classes 0 and 1
@@ -87,29 +106,58 @@ def test_local_statistics_are_the_mean_logits_per_class():
     assert not means[1].any() and list(flags) == [1, 0, 1]
 
 
-@pytest.mark.parametrize("variant", ["feddistill", "feddistill_exclude"])
-def test_every_rank_receives_the_sum_of_all_local_statistics(baselines, variant):
+def naive_teacher(sums: np.ndarray, seen: np.ndarray, rank: int, exclude_self: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Rank ``rank``'s soft targets, recomputed serially from every rank's per-class logit sums
+    (ranks, C, C) and counts (ranks, C): the mean of the clients' mean logits (the other clients'
+    only when ``exclude_self``), then softmax."""
+    ranks, classes, _ = sums.shape
+    teacher, has = np.zeros((classes, classes)), np.zeros(classes, dtype=bool)
+    for c in range(classes):
+        holders = [j for j in range(ranks) if seen[j, c] > 0 and not (exclude_self and j == rank)]
+        if holders:
+            has[c] = True
+            teacher[c] = np.mean([sums[j, c] / seen[j, c] for j in holders], axis=0)
+    exp = np.exp(teacher - teacher.max(axis=1, keepdims=True))
+    return exp / exp.sum(axis=1, keepdims=True), has
+
+
+@pytest.mark.parametrize("variant", ["feddistill", "feddistill_include"])
+def test_teachers_are_the_serial_recomputation_over_the_other_ranks(baselines, variant):
     ranks, out = baselines
+    exclude_self = variant == "feddistill"  # the default
     dumps = rank_dumps(out, variant, ranks)
     c = 2
     for r in range(STATS_ROUNDS):
+        # the driver's own sums of the logits of every batch each rank trained on, and their counts
+        sums = np.stack([x[f"sums_{r}"] for x in dumps])
+        seen = np.stack([x[f"seen_{r}"] for x in dumps])
+        np.testing.assert_array_equal(seen, [x["counts"] for x in dumps])  # one epoch: every sample once
         sent = np.stack([x[f"sent_{r}"] for x in dumps])
-        assert sent.shape == (ranks, c * (c + 1)) and sent.dtype == np.float32
-        serial = sent.astype(np.float64).sum(axis=0)
-        # class 1 is absent on rank 0: zero row and flag 0
-        assert not sent[0, c: 2 * c].any() and list(sent[0, c * c:]) == [1, 0]
-        np.testing.assert_array_equal(serial[c * c:], [ranks, ranks - 1])
+        assert sent.shape == (ranks, c * (c + 1)) and sent.dtype == np.float32  # 4 C (C + 1) bytes
+        means = np.where(seen[:, :, None] > 0, sums / np.maximum(seen, 1)[:, :, None], 0.0)
+        np.testing.assert_allclose(sent[:, : c * c], means.reshape(ranks, -1), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(sent[:, c * c:], seen > 0)
+        assert list(sent[0, c * c:]) == [1, 0]  # class 1 absent on rank 0
         for rank, x in enumerate(dumps):
-            np.testing.assert_allclose(x[f"received_{r}"], serial, rtol=1e-5, atol=1e-6)
-            summed, count = serial[: c * c].reshape(c, c), serial[c * c:]
-            if variant == "feddistill_exclude":
-                summed = summed - sent[rank, : c * c].reshape(c, c)
-                count = count - sent[rank, c * c:]
-            logits, has = mean_over_clients(summed, count)
+            np.testing.assert_allclose(x[f"received_{r}"], sent.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-5)
+            targets, has = naive_teacher(sums, seen, rank, exclude_self)
             np.testing.assert_array_equal(x[f"has_{r}"], has)
-            np.testing.assert_allclose(x[f"derived_{r}"][has], torch.softmax(torch.from_numpy(logits), 1).numpy()[has],
-                                       rtol=1e-5, atol=1e-6)
-        if variant == "feddistill_exclude" and ranks == 2:  # rank 1 is the only client with class 1
+            np.testing.assert_allclose(x[f"derived_{r}"][has], targets[has], rtol=1e-5, atol=1e-6)
+            # the option matters: leaving this rank in (or out) gives measurably different targets
+            other, other_has = naive_teacher(sums, seen, rank, not exclude_self)
+            both = has & other_has
+            assert both.any() and np.abs(other[both] - targets[both]).max() > 1e-4
+        if exclude_self and ranks == 2:  # rank 1 is the only client with class 1: no term there
             assert list(dumps[1][f"has_{r}"]) == [True, False]
         else:
             assert all(x[f"has_{r}"].all() for x in dumps)
+
+
+def test_the_results_file_says_which_teacher_ran(baselines):
+    _, out = baselines
+    excluded, included = Results(out / "feddistill_quick.h5"), Results(out / "feddistill_include_quick.h5")
+    assert excluded.config["algorithm"]["exclude_self"] is True  # the default, written out
+    assert included.config["algorithm"]["exclude_self"] is False
+    # round 0 trains without a teacher, so both runs agree bit for bit; then the teachers differ
+    np.testing.assert_array_equal(excluded.metrics["train_loss"][0], included.metrics["train_loss"][0])
+    assert not np.array_equal(excluded.metrics["train_loss"][1:], included.metrics["train_loss"][1:])

@@ -1,12 +1,18 @@
-"""FedProto: per-class mean features, one Allreduce of [C x D means ; C flags], MSE to the prototype."""
+"""FedProto: per-class features, one Allreduce of [C x D rows ; C weights], MSE to the prototype.
+
+Default weighting: samples (the paper's Eq. 6), rows = n_c * mean_c and weights = n_c; option
+equal (the reference code): rows = mean_c, weights = presence flags.
+"""
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
 from mpicd.algorithms.base import Batch, Context
 from mpicd.algorithms.fedproto import FedProto, FedProtoParams, PerClassMeans, mean_over_clients
 from mpicd.models import build_model
+from mpicd.results import Results
 
 from conftest import rank_dumps
 
@@ -15,16 +21,21 @@ STATS_ROUNDS = 3  # tests/drivers/baselines.py
 
 
 class EchoComm:
-    rank, size = 0, 1
+    """A job of one rank, or of two when ``other`` (the other rank's payload) is given."""
+
+    rank = 0
+
+    def __init__(self, other=None):
+        self.other, self.size = other, 1 if other is None else 2
 
     def allreduce_sum(self, array):
-        return array.copy()
+        return array.copy() if self.other is None else array + self.other
 
 
-def make(params=None, classes=3, d=4):
+def make(params=None, classes=3, d=4, other=None):
     torch.manual_seed(0)
     model = build_model("mlp", (5,), classes, d, 7)
-    ctx = Context(comm=EchoComm(), model=model, device=torch.device("cpu"), seed=0, num_classes=classes,
+    ctx = Context(comm=EchoComm(other), model=model, device=torch.device("cpu"), seed=0, num_classes=classes,
                   expertise=np.array([0]), train_x=torch.randn(12, 5), train_y=torch.arange(12) % classes)
     return FedProto(params or FedProtoParams(), ctx), model
 
@@ -45,8 +56,13 @@ def test_per_class_means_and_an_absent_class():
     means, flags = stats.split(payload)
     np.testing.assert_allclose(means, [[2, 3], [0, 0], [6, 7.5]])  # class 1 absent: zero row
     np.testing.assert_array_equal(flags, [1, 0, 1])                 # ... and flag 0
+    weighted = stats.payload(weighted=True)
+    assert weighted.dtype == np.float32 and weighted.shape == (3 * 2 + 3,)
+    sums, counts = stats.split(weighted)
+    np.testing.assert_allclose(sums, [[4, 6], [0, 0], [12, 15]])  # n_c * mean_c
+    np.testing.assert_array_equal(counts, [2, 0, 2])
     stats.reset()
-    assert not stats.payload().any()
+    assert not stats.payload().any() and not stats.payload(weighted=True).any()
 
 
 def test_global_prototype_is_the_mean_over_the_clients_that_have_the_class():
@@ -54,6 +70,28 @@ def test_global_prototype_is_the_mean_over_the_clients_that_have_the_class():
     means, has = mean_over_clients(summed, np.array([2, 0, 1], dtype=np.float32))
     np.testing.assert_allclose(means, [[1, 2], [0, 0], [3, 3]])
     np.testing.assert_array_equal(has, [True, False, True])
+
+
+@pytest.mark.parametrize("weighting, expected", [
+    ("samples", [[(1 * 1 + 3 * 4) / 4, (1 * 2 + 3 * 5) / 4], [7, 8]]),  # Eq. 6: n_ic / N_c
+    ("equal", [[(1 + 4) / 2, (2 + 5) / 2], [7, 8]]),                    # the reference code
+])
+def test_two_clients_with_different_counts(weighting, expected):
+    """This client saw class 0 once (feature [1, 2]); the other saw it 3 times (mean [4, 5]) and
+    class 1 twice (mean [7, 8]): the default weights the means by those counts, equal does not."""
+    other = {"samples": [12, 15, 14, 16, 3, 2], "equal": [4, 5, 7, 8, 1, 1]}[weighting]
+    algorithm, _ = make(FedProtoParams(weighting=weighting), classes=2, d=2,
+                        other=np.array(other, dtype=np.float32))
+    algorithm.before_epoch(0)
+    algorithm.local.add(torch.tensor([[1.0, 2.0]]), torch.tensor([0]))
+    algorithm.after_epoch(0)
+    np.testing.assert_allclose(algorithm.sent, [1, 2, 0, 0, 1, 0])  # n * mean = mean when n = 1
+    torch.testing.assert_close(algorithm.prototypes, torch.tensor(expected, dtype=torch.float32))
+    assert algorithm.has_prototype.all()
+
+
+def test_default_is_the_papers_weighting():
+    assert FedProtoParams().weighting == "samples"
 
 
 def test_regulariser_is_lambda_mse_only_for_classes_with_a_prototype():
@@ -73,18 +111,25 @@ def test_regulariser_is_lambda_mse_only_for_classes_with_a_prototype():
     assert algorithm.extra_loss(batch(model, x[mask], y[mask])) is None
 
 
-def test_statistics_are_detached_training_features_of_the_epoch():
-    algorithm, model = make()
+@pytest.mark.parametrize("weighting", ["samples", "equal"])
+def test_statistics_are_detached_training_features_of_the_epoch(weighting):
+    algorithm, model = make(FedProtoParams(weighting=weighting))
     algorithm.before_epoch(0)
-    x, y = torch.randn(6, 5), torch.tensor([0, 1, 2, 0, 1, 2])
+    x, y = torch.randn(7, 5), torch.tensor([0, 1, 2, 0, 1, 2, 0])
     b = batch(model, x, y)
     algorithm.extra_loss(b)
     algorithm.after_epoch(0)
-    means, flags = algorithm.local.split(algorithm.sent)
-    for c in range(3):
-        np.testing.assert_allclose(means[c], b.features[y == c].mean(dim=0).detach().numpy(), rtol=1e-6)
-    np.testing.assert_array_equal(flags, 1)
-    torch.testing.assert_close(algorithm.prototypes, torch.from_numpy(means))  # one client: its own means
+    rows, weights = algorithm.local.split(algorithm.sent)
+    counts = np.array([3, 2, 2])
+    means = np.stack([b.features[y == c].mean(dim=0).detach().numpy() for c in range(3)])
+    if weighting == "samples":
+        np.testing.assert_allclose(rows, counts[:, None] * means, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(weights, counts)
+    else:
+        np.testing.assert_allclose(rows, means, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(weights, 1)
+    # one client: its own means either way
+    np.testing.assert_allclose(algorithm.prototypes.numpy(), means, rtol=1e-5, atol=1e-6)
 
 
 def test_nearest_prototype_prediction():
@@ -102,21 +147,59 @@ def test_nearest_prototype_prediction():
     torch.testing.assert_close(head.predict(x), head.ctx.model(x))
 
 
-def test_every_rank_receives_the_sum_of_all_local_statistics(baselines):
+def naive_prototypes(sums: np.ndarray, seen: np.ndarray, weighting: str) -> tuple[np.ndarray, np.ndarray]:
+    """Serial recomputation from every rank's per-class feature sums (ranks, C, D) and counts (ranks, C)."""
+    ranks, classes, d = sums.shape
+    prototypes, has = np.zeros((classes, d)), np.zeros(classes, dtype=bool)
+    for c in range(classes):
+        holders = [i for i in range(ranks) if seen[i, c] > 0]
+        if not holders:
+            continue
+        has[c] = True
+        if weighting == "samples":  # sum_i n_ic mean_ic / sum_i n_ic
+            prototypes[c] = sum(sums[i, c] for i in holders) / sum(seen[i, c] for i in holders)
+        else:                       # (1 / |N_c|) sum_i mean_ic
+            prototypes[c] = sum(sums[i, c] / seen[i, c] for i in holders) / len(holders)
+    return prototypes, has
+
+
+@pytest.mark.parametrize("weighting", ["samples", "equal"])
+def test_global_prototypes_are_the_serial_recomputation_over_all_ranks(baselines, weighting):
     ranks, out = baselines
-    dumps = rank_dumps(out, "fedproto", ranks)
+    dumps = rank_dumps(out, "fedproto" if weighting == "samples" else "fedproto_equal", ranks)
     c, d = 2, 200
     for r in range(STATS_ROUNDS):
+        # the driver's own sums of the features of every batch each rank trained on, and their counts
+        sums = np.stack([x[f"sums_{r}"] for x in dumps])
+        seen = np.stack([x[f"seen_{r}"] for x in dumps])
+        np.testing.assert_array_equal(seen, [x["counts"] for x in dumps])  # one epoch: every sample once
+        assert len(set(seen[:, 0])) > 1  # skew 0.6: clients hold different counts of class 0
+        assert seen[0, 1] == 0 and (seen[1:, 1] > 0).all()  # class 1 absent on rank 0 only
         sent = np.stack([x[f"sent_{r}"] for x in dumps])
-        assert sent.shape == (ranks, c * (d + 1)) and sent.dtype == np.float32
-        serial = sent.astype(np.float64).sum(axis=0)
-        for rank, x in enumerate(dumps):
-            np.testing.assert_allclose(x[f"received_{r}"], serial, rtol=1e-5, atol=1e-6)
-            means, has = mean_over_clients(serial[: c * d].reshape(c, d), serial[c * d:])
-            np.testing.assert_allclose(x[f"derived_{r}"], means, rtol=1e-5, atol=1e-6)
+        assert sent.shape == (ranks, c * (d + 1)) and sent.dtype == np.float32  # 4 C (D + 1) bytes
+        if weighting == "samples":
+            rows, weights = sums, seen
+        else:
+            rows = np.where(seen[:, :, None] > 0, sums / np.maximum(seen, 1)[:, :, None], 0.0)
+            weights = (seen > 0).astype(float)
+        np.testing.assert_allclose(sent[:, : c * d], rows.reshape(ranks, -1), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(sent[:, c * d:], weights)
+        prototypes, has = naive_prototypes(sums, seen, weighting)
+        assert has.all()  # rank 0 still gets the others' prototype of class 1
+        for x in dumps:
+            np.testing.assert_allclose(x[f"received_{r}"], sent.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(x[f"derived_{r}"], prototypes, rtol=1e-5, atol=1e-6)
             np.testing.assert_array_equal(x[f"has_{r}"], has)
-        # class 1 is absent on rank 0: zero mean row, flag 0; everyone else contributes it
-        assert not sent[0, d: 2 * d].any() and sent[0, c * d + 1] == 0 and sent[0, c * d] == 1
-        np.testing.assert_array_equal(serial[c * d:], [ranks, ranks - 1])
-        assert dumps[0][f"has_{r}"].all()  # rank 0 still gets the others' prototype of class 1
-        assert np.abs(dumps[0][f"derived_{r}"][1]).sum() > 0
+        # the weighting matters: the other one is measurably different
+        other, _ = naive_prototypes(sums, seen, "equal" if weighting == "samples" else "samples")
+        assert np.abs(other - prototypes).max() > 1e-3
+
+
+def test_the_results_file_says_which_weighting_ran(baselines):
+    _, out = baselines
+    samples, equal = Results(out / "fedproto_quick.h5"), Results(out / "fedproto_equal_quick.h5")
+    assert samples.config["algorithm"]["weighting"] == "samples"  # the default, written out
+    assert equal.config["algorithm"]["weighting"] == "equal"
+    # round 0 trains without prototypes, so both runs agree bit for bit; then the prototypes differ
+    np.testing.assert_array_equal(samples.metrics["train_loss"][0], equal.metrics["train_loss"][0])
+    assert not np.array_equal(samples.metrics["train_loss"][1:], equal.metrics["train_loss"][1:])

@@ -3,16 +3,20 @@
 The same pattern as FedProto with logits instead of features: during the round each client
 accumulates per-class sums of its training-mode logits (detached); after the epoch it
 contributes ``[per-class mean logits (C x C) ; presence flags (C)]`` (float32) to an
-Allreduce(SUM). A class absent from a client that round has a zero row and flag 0. The teacher
-of class c is ``z[c] = sum of the means / number of clients that had c``; from the next round
-the batch loss is ``CE + lambda * CE_soft(z_b, softmax(z[y_b]))``, averaged over the batch's
-samples whose class has a teacher.
+Allreduce(SUM). A class absent from a client that round has a zero row and flag 0. The clients'
+means are weighted equally, as in Jeong et al. From the next round the batch loss is
+``CE + lambda * CE_soft(z_b, softmax(t[y_b]))``, averaged over the batch's samples whose class
+has a teacher t.
 
-``exclude_self: true`` is Jeong et al.'s original: the teacher of class c on rank i is the mean
-over the *other* clients, computed locally from the same Allreduce result by subtracting this
-rank's own mean row and flag; a class that no other client had gets no term.
+* ``exclude_self: true`` (default, Jeong et al.'s FD: a device's teacher is the global average
+  with its own local average taken out): the teacher of class c on rank i is the mean over the
+  *other* clients that had c, ``(sum of the means - own mean) / (clients with c - own flag)``,
+  computed locally from the same Allreduce result; a class that no other client had gets no term.
+* ``exclude_self: false`` (what widely copied code does, e.g. PFLlib's FedDistill, whose server
+  sends every client the same average): the teacher is the mean over all clients that had c, this
+  rank's own mean included.
 
-Bytes per round per rank: ``4 C (C + 1)`` sent and received (kind ``allreduce``).
+Bytes per round per rank: ``4 C (C + 1)`` sent and received (kind ``allreduce``), either way.
 """
 
 from __future__ import annotations
@@ -42,12 +46,14 @@ def teacher_logits(received: np.ndarray, sent: np.ndarray, num_classes: int,
 @dataclass
 class FedDistillParams:
     lambda_: float = spec(1.0, ge=0.0, doc="weight of the soft-target cross-entropy to the mean logits of y")
-    exclude_self: bool = spec(False, doc="true: the teacher is the other clients' mean (Jeong et al.'s original)")
+    exclude_self: bool = spec(True, doc="true: the teacher is the other clients' mean (Jeong et al.); "
+                                        "false: all clients' mean, this one's included (common code)")
 
 
 class FedDistill(Algorithm):
     name = "feddistill"
     Params = FedDistillParams
+    carried = ("targets", "has_teacher")
 
     def __init__(self, params: FedDistillParams, ctx: Context):
         super().__init__(params, ctx)

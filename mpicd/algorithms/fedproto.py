@@ -1,17 +1,26 @@
 """FedProto (Tan et al., AAAI 2022): clients share per-class mean features, never their models.
 
-During the round's local epoch(s) each client accumulates, per class, the sum of the
-training-mode feature vectors of its batches (detached, as the forward pass produced them).
-After the epoch it contributes one float32 vector ``[per-class means (C x D) ; presence flags
-(C)]`` to an Allreduce(SUM). A class absent from a client's training data in that round gets a
-zero mean row and flag 0, so it adds nothing to either part. Every rank then computes the
-global prototype of class c as ``sum of the means / number of clients that had c`` (the clients'
-means weighted equally, as the reference implementation does); a class no client had has no
-prototype. From the next round on the batch loss is
-``CE + lambda * MSE(f(x_b), p[y_b])`` over the batch's samples whose class has a global
-prototype (mean over those samples and the D coordinates). Models are never averaged.
+During the round's local epoch(s) client i accumulates, per class c, the sum S_ic of the
+training-mode feature vectors of its batches (detached, as the forward pass produced them) and
+the number n_ic of samples of c it trained on (times the local epochs, the same factor on every
+client). After the epoch every rank contributes one float32 vector to an Allreduce(SUM) and
+derives the global prototypes p_c locally from the result:
 
-Bytes per round per rank: ``4 C (D + 1)`` sent and received (kind ``allreduce``).
+* ``weighting: samples`` (default, the paper's Eq. 6): the payload is ``[S_ic = n_ic * mean_ic
+  (C x D) ; n_ic (C)]``, so ``p_c = sum_i n_ic mean_ic / sum_i n_ic``: the clients' means weighted
+  by their sample counts of c, the weights |D_ic| / N_c of Eq. 6 and of the objective (Eq. 3).
+  (Eq. 6 as printed carries a further factor 1 / |N_c|, the number of clients with c; with it the
+  weights would sum to 1 / |N_c| and p_c would not be a mean, so it is read as a typo.)
+* ``weighting: equal`` (the reference code, yuetan031/FedProto ``proto_aggregation``): the payload
+  is ``[mean_ic (C x D) ; 1 if client i had c (C)]``, so ``p_c`` is the plain mean of the means
+  of the clients that had c, whatever their sample counts.
+
+A class absent from a client that round adds a zero row and a zero to either payload; a class no
+client had has no prototype. From the next round on the batch loss is
+``CE + lambda * MSE(f(x_b), p[y_b])`` over the batch's samples whose class has a global prototype
+(mean over those samples and the D coordinates). Models are never averaged.
+
+Bytes per round per rank: ``4 C (D + 1)`` sent and received (kind ``allreduce``), either way.
 
 Prediction uses the client's own head by default; ``predict: nearest_prototype`` classifies by
 the nearest global prototype in squared Euclidean distance (what the reference code does).
@@ -31,11 +40,14 @@ from .base import Algorithm, Batch, Context
 
 
 class PerClassMeans:
-    """Per-class sums of vectors over a round, and the Allreduce payload built from them.
+    """Per-class sums and counts of vectors over a round, and the Allreduce payloads built from them.
 
-    The payload is ``[means (C x width) ; flags (C)]`` as one contiguous float32 vector: a class
-    this client did not see has a zero row and flag 0. Summed over ranks, the first part is the
-    sum of the clients' means and the second the number of clients that saw each class.
+    Both payloads are one contiguous float32 vector ``[rows (C x width) ; weights (C)]``:
+    ``weighted=True``: rows are the sums n_c * mean_c, weights the counts n_c;
+    ``weighted=False``: rows are the means, weights 1 for a class this client saw. A class it did
+    not see has a zero row and weight 0 in both. Summed over ranks and divided row by row
+    (:func:`mean_over_clients`), the first gives the sample-weighted, the second the equal-weighted
+    mean of the clients' means.
     """
 
     def __init__(self, num_classes: int, width: int, device: torch.device):
@@ -53,33 +65,41 @@ class PerClassMeans:
         self.sums.index_add_(0, labels, values)
         self.counts.index_add_(0, labels, torch.ones_like(labels, dtype=torch.float64))
 
-    def payload(self) -> np.ndarray:
-        present = self.counts > 0
-        means = torch.where(present[:, None], self.sums / self.counts.clamp(min=1)[:, None],
-                            torch.zeros_like(self.sums))
-        flat = torch.cat([means.reshape(-1), present.to(torch.float64)]).to(torch.float32)
+    def payload(self, weighted: bool = False) -> np.ndarray:
+        if weighted:
+            rows, weights = self.sums, self.counts
+        else:
+            present = self.counts > 0
+            rows = torch.where(present[:, None], self.sums / self.counts.clamp(min=1)[:, None],
+                               torch.zeros_like(self.sums))
+            weights = present.to(torch.float64)
+        flat = torch.cat([rows.reshape(-1), weights]).to(torch.float32)
         return np.ascontiguousarray(flat.cpu().numpy())
 
     def split(self, vector: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """A payload (or a sum of payloads) -> (means or their sum (C, width), flags or counts (C,))."""
+        """A payload (or a sum of payloads) -> (rows (C, width), weights (C,))."""
         c, w = self.num_classes, self.width
         return vector[: c * w].reshape(c, w), vector[c * w:]
 
 
-def mean_over_clients(summed: np.ndarray, contributors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(sum of client means, number of contributing clients) -> (global means, has_mean).
+def mean_over_clients(summed: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(summed rows, summed weights) -> (global means = rows / weights, has_mean = weights > 0).
 
-    Rows of classes without contributors are zero and flagged False.
+    Weights are sample counts or client counts: integers held exactly in float32. Rows of
+    classes without weight are zero and flagged False.
     """
-    has = contributors > 0.5  # the counts are small integers held exactly in float32
+    has = weights > 0.5
     means = np.zeros_like(summed)
-    means[has] = summed[has] / contributors[has, None]
+    means[has] = summed[has] / weights[has, None]
     return means, has
 
 
 @dataclass
 class FedProtoParams:
     lambda_: float = spec(1.0, ge=0.0, doc="weight of MSE(f(x), global prototype of y)")
+    weighting: Literal["samples", "equal"] = spec(
+        "samples", doc="samples: clients' means weighted by their counts of the class (the paper's Eq. 6); "
+                       "equal: plain mean of the clients' means (the reference code)")
     predict: Literal["head", "nearest_prototype"] = spec(
         "head", doc="head: the client's own classifier; nearest_prototype: the nearest global prototype")
 
@@ -87,6 +107,7 @@ class FedProtoParams:
 class FedProto(Algorithm):
     name = "fedproto"
     Params = FedProtoParams
+    carried = ("prototypes", "has_prototype")
 
     def __init__(self, params: FedProtoParams, ctx: Context):
         super().__init__(params, ctx)
@@ -109,7 +130,7 @@ class FedProto(Algorithm):
         return self.params.lambda_ * F.mse_loss(batch.features[mask], self.prototypes[batch.y[mask]])
 
     def after_epoch(self, round_index: int) -> None:
-        self.sent = self.local.payload()
+        self.sent = self.local.payload(weighted=self.params.weighting == "samples")
         self.received = self.ctx.comm.allreduce_sum(self.sent)
         means, has = mean_over_clients(*self.local.split(self.received))
         self.prototypes = torch.from_numpy(means).to(self.ctx.device)

@@ -1,12 +1,15 @@
 """Run under mpiexec: everything the baseline tests need from one MPI job (one start-up, ~10 s
 each on a small box, instead of one per check). argv: OUT_DIR [PNEUMONIA_NPZ or -].
 
-1. ``stats``: FedAvg, FedProto, FedDistill (both teachers) and FedAMP (both similarities) for a
-   few rounds on the quick-start data, calling the algorithm's hooks directly, and dumping what
-   each rank had before, sent, received and derived after every exchange to
-   ``OUT/<variant>_rank<r>.npz`` (keys ``<name>_<round>``). Ranks get different training-set
-   sizes (rank r drops 3 r samples) so FedAvg's weights differ, and rank 0 drops class 1 for
-   FedProto / FedDistill so that a class is absent on one client.
+1. ``stats``: FedAvg, FedProto (both weightings), FedDistill (both teachers) and FedAMP (both
+   similarities) for a few rounds on the quick-start data (skew 0.6: clients hold different
+   counts of each class), calling the algorithm's hooks directly, and dumping what each rank had
+   before, sent, received and derived after every exchange to ``OUT/<variant>_rank<r>.npz`` (keys
+   ``<name>_<round>``). Ranks get different training-set sizes (rank r drops 3 r samples) so
+   FedAvg's weights differ, and rank 0 drops class 1 for FedProto / FedDistill so that a class is
+   absent on one client. For those two the driver also keeps its own float64 per-class sums of the
+   features / logits of every batch the client trained on and their counts (``sums``, ``seen``),
+   read from the batches, not from the algorithm, for the tests' serial recomputation.
 2. ``identical``: FedAvg with every rank holding rank 0's data and shuffle order, next to a
    single-process local run on the same data: ``OUT/identical_rank<r>.npz``.
 3. ``runs``: ``mpicd run`` (the real CLI entry point, in this process) for every algorithm on
@@ -38,9 +41,10 @@ RUN_ROUNDS = 2
 
 STATS_VARIANTS = {
     "fedavg": "{name: fedavg}",
-    "fedproto": "{name: fedproto}",
-    "feddistill": "{name: feddistill}",
-    "feddistill_exclude": "{name: feddistill, exclude_self: true}",
+    "fedproto": "{name: fedproto}",                                  # weighting: samples
+    "fedproto_equal": "{name: fedproto, weighting: equal}",
+    "feddistill": "{name: feddistill}",                              # exclude_self: true
+    "feddistill_include": "{name: feddistill, exclude_self: false}",
     "fedamp": "{name: fedamp}",
     "fedamp_cosine": "{name: fedamp, similarity: cosine}",
 }
@@ -56,6 +60,24 @@ def set_data(client: Client, keep: torch.Tensor) -> None:
     client.algorithm.ctx.train_x, client.algorithm.ctx.train_y = client.train_x, client.train_y
 
 
+class BatchRecorder:
+    """Wraps ``algorithm.extra_loss`` to sum, per class, the features or logits of every batch."""
+
+    def __init__(self, algorithm, num_classes: int, width: int, logits: bool):
+        self.shape, self.logits, self.inner = (num_classes, width), logits, algorithm.extra_loss
+        algorithm.extra_loss = self
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums, self.seen = np.zeros(self.shape), np.zeros(self.shape[0], dtype=np.int64)
+
+    def __call__(self, batch):
+        values = (batch.logits if self.logits else batch.features).detach().numpy().astype(np.float64)
+        np.add.at(self.sums, batch.y.numpy(), values)
+        self.seen += np.bincount(batch.y.numpy(), minlength=self.shape[0])
+        return self.inner(batch)
+
+
 def stats(variant: str, algorithm: str) -> None:
     plan = prepare(load_config(QUICKSTART, [f"clients={comm.size}", f"algorithm={algorithm}"]))
     client = Client(plan, comm, "cpu")
@@ -65,13 +87,22 @@ def stats(variant: str, algorithm: str) -> None:
         keep &= client.train_y != 1                                      # class 1 absent on rank 0
     set_data(client, keep)
     dump = {"n": np.array(len(client.train_y)), "counts": np.bincount(client.train_y.numpy(), minlength=2)}
+    recorder = None
+    if variant.startswith("fedproto"):
+        recorder = BatchRecorder(alg, 2, plan.config.model.feature_dim, logits=False)
+    elif variant.startswith("feddistill"):
+        recorder = BatchRecorder(alg, 2, 2, logits=True)
     for r in range(STATS_ROUNDS):
         alg.before_epoch(r)
+        if recorder:
+            recorder.reset()
         client.local_epochs(r)
+        if recorder:
+            dump[f"sums_{r}"], dump[f"seen_{r}"] = recorder.sums, recorder.seen
         dump[f"pre_{r}"] = flatten(averaged_tensors(client.model))
         alg.after_epoch(r)
         dump[f"post_{r}"] = flatten(averaged_tensors(client.model))
-        if variant == "fedproto":
+        if variant.startswith("fedproto"):
             dump[f"sent_{r}"], dump[f"received_{r}"] = alg.sent, alg.received
             dump[f"derived_{r}"] = alg.prototypes.numpy()
             dump[f"has_{r}"] = alg.has_prototype.numpy()
@@ -110,7 +141,8 @@ def runs() -> None:
     plans = {f"{name}_quick": (QUICKSTART, [f"algorithm={{name: {name}}}"]) for name in REGISTRY}
     plans["fedamp_lambda0_quick"] = (QUICKSTART, ["algorithm={name: fedamp, lambda: 0}"])
     plans["fedproto_nearest_quick"] = (QUICKSTART, ["algorithm={name: fedproto, predict: nearest_prototype}"])
-    plans["feddistill_exclude_quick"] = (QUICKSTART, ["algorithm={name: feddistill, exclude_self: true}"])
+    plans["fedproto_equal_quick"] = (QUICKSTART, ["algorithm={name: fedproto, weighting: equal}"])
+    plans["feddistill_include_quick"] = (QUICKSTART, ["algorithm={name: feddistill, exclude_self: false}"])
     if pneumonia:
         for name in REGISTRY:
             plans[f"{name}_pneumonia"] = (PNEUMONIA_CONFIG, [f"algorithm={{name: {name}}}", f"data.path={pneumonia}",
