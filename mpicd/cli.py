@@ -19,6 +19,9 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     run.add_argument("config", help="YAML config file")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. rounds=3")
     run.add_argument("--out", help="results file (default: the config's output)")
+    run.add_argument("--resume", action="store_true",
+                     help="continue from the newest checkpoint every rank holds beside the results file "
+                          "(<out>.ckpt/); without one, start at round 1; a complete file: exit 0 at once")
     check = argparse.ArgumentParser(prog="mpicd check", description="validate config and data, print the "
                                     "resolved config and the partition; needs no MPI")
     check.add_argument("config", help="YAML config file")
@@ -26,8 +29,19 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     report = argparse.ArgumentParser(prog="mpicd report", description="tables (mean ± sd over seeds) "
                                      "and plots from results files")
     report.add_argument("files", nargs="+", help="results files (.h5)")
-    report.add_argument("--last", type=int, default=1, help="average each run over its last N rounds")
-    report.add_argument("--plot", help="also draw minority accuracy against skew into this image file")
+    report.add_argument("--last", type=int, metavar="N", help="score each run over its last N completed rounds "
+                        "(default 1)")
+    report.add_argument("--select", choices=("last", "best-val"), default="last", help="best-val: score each run at "
+                        "its round of highest validation minority accuracy (ties -> earliest)")
+    report.add_argument("--include-incomplete", action="store_true", help="also report runs that stopped before "
+                        "their last round (excluded and listed by default)")
+    report.add_argument("--versus", metavar="METHOD", help="pair every other method with METHOD by seed: mean "
+                        "difference in minority accuracy, 95%% t-interval, wins/ties/loses")
+    report.add_argument("--plot", metavar="FILE", help="minority accuracy against skew, ±sd bands, one panel "
+                        "per setting")
+    report.add_argument("--plot-rounds", metavar="FILE", help="minority accuracy against round (mean ± sd over seeds)")
+    report.add_argument("--plot-bytes", metavar="FILE", help="bytes per round per rank of each method (log scale)")
+    report.add_argument("--csv", metavar="FILE", help="write the cell table as CSV (one row per cell)")
     sweep = argparse.ArgumentParser(prog="mpicd sweep", description="list the runs of a sweep file "
                                     "(jobs/sweep.sh and slurm/sweep.sbatch use this)")
     sweep.add_argument("sweep", help="sweep YAML: config, output_dir, grid")
@@ -35,7 +49,12 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     what.add_argument("--pending", action="store_true", help="only the indexes of runs not yet complete")
     what.add_argument("--ranks", type=int, metavar="I", help="the MPI rank count run I needs")
     what.add_argument("--args", type=int, metavar="I", help="the mpicd arguments of run I, shell-quoted")
-    return {"run": run, "check": check, "report": report, "sweep": sweep}
+    what.add_argument("--status", type=int, metavar="I", help="print done or pending for run I; exit status "
+                      "0 if done, 1 if pending (what scripts should test: no pipe, no race)")
+    pack = argparse.ArgumentParser(prog="mpicd pack", description="run a sweep's pending runs in one MPI job: "
+                                   "mpirun -n M mpicd pack SWEEP (groups of each run's client count)")
+    pack.add_argument("sweep", help="sweep YAML: config, output_dir, grid")
+    return {"run": run, "check": check, "report": report, "sweep": sweep, "pack": pack}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: mpicd {{{','.join(parsers)}}} ...  (mpicd COMMAND --help for more)", file=sys.stderr)
         return EXIT_BAD_INPUT
     args = parsers[argv[0]].parse_intermixed_args(argv[1:])
-    return {"check": check, "run": run, "report": report, "sweep": sweep}[argv[0]](args)
+    return {"check": check, "run": run, "report": report, "sweep": sweep, "pack": pack}[argv[0]](args)
+
+
+def pack(args: argparse.Namespace) -> int:
+    from .pack import main
+
+    return main(args.sweep)
 
 
 def check(args: argparse.Namespace) -> int:
@@ -56,26 +81,40 @@ def check(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"mpicd: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from .models import build_model, describe
+
     print(yaml.safe_dump(plan.resolved_config, sort_keys=False), end="")
+    cfg = plan.config
+    print(describe(build_model(cfg.model.name, plan.dataset.input_shape, plan.dataset.num_classes,
+                               cfg.model.feature_dim, cfg.model.hidden)))
     print(partition_table(plan))
     return 0
 
 
 def report(args: argparse.Namespace) -> int:
-    from .report import group, plot, render, summarize
+    from . import report as rep
 
-    if args.last < 1:
-        print("mpicd: --last must be >= 1", file=sys.stderr)
+    if args.last is not None and (args.last < 1 or args.select != "last"):
+        print("mpicd: --last must be >= 1 and goes with --select last only", file=sys.stderr)
         return EXIT_BAD_INPUT
+    last = args.last or 1
     try:
-        cells = group(summarize(path, args.last) for path in args.files)
+        runs, notes = rep.collect(args.files, last, args.select, args.include_incomplete)
+        if not runs:
+            raise rep.ReportError("no run left to report: " + "; ".join(notes) + " (--include-incomplete reports them)")
+        cells = rep.group(runs)
+        text = rep.render(cells, last, args.select, notes, args.versus)
     except (OSError, KeyError, ValueError) as err:
         print(f"mpicd: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(render(cells, args.last))
-    if args.plot:
-        plot(cells, args.plot)
-        print(f"plot: {args.plot}")
+    print(text)
+    for path, draw in ((args.plot, rep.plot), (args.plot_rounds, rep.plot_rounds), (args.plot_bytes, rep.plot_bytes)):
+        if path:
+            draw(cells, path)
+            print(f"plot: {path}")
+    if args.csv:
+        rep.write_csv(cells, args.csv)
+        print(f"csv: {args.csv}")
     return 0
 
 
@@ -89,7 +128,7 @@ def sweep(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"mpicd: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    chosen = args.ranks if args.ranks is not None else args.args
+    chosen = next((i for i in (args.ranks, args.args, args.status) if i is not None), None)
     if chosen is not None and not 0 <= chosen < len(runs):
         print(f"mpicd: run index {chosen} out of range: {args.sweep} has runs 0..{len(runs) - 1}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -100,6 +139,10 @@ def sweep(args: argparse.Namespace) -> int:
     elif args.args is not None:
         r = runs[chosen]
         print(shlex.join(["run", str(r.config), *r.overrides, "--out", str(r.output)]))
+    elif args.status is not None:
+        done = is_done(runs[chosen])
+        print("done" if done else "pending")
+        return 0 if done else 1
     else:
         for r in runs:
             print(f"{r.index:>4}  ranks {r.ranks:>3}  {'done   ' if is_done(r) else 'pending'}  {r.output}  "
@@ -107,26 +150,48 @@ def sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def batch_layout(n: int, batch_size: int) -> str:
+    """Minibatch sizes of one local epoch over ``n`` images, e.g. ``4x32 + 1x33``."""
+    from .client import batch_bounds
+
+    sizes = [stop - start for start, stop in batch_bounds(n, batch_size)]
+    runs: list[list[int]] = []
+    for size in sizes:
+        if runs and runs[-1][1] == size:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, size])
+    return " + ".join(f"{count}x{size}" for count, size in runs) or "0"
+
+
 def partition_table(plan) -> str:
-    """Per client: expertise class, training images per class, held-out images per class."""
+    """Per client: expertise class, training images per class, held-out images per class, batches."""
     names = plan.dataset.class_names
     test_counts = [int((plan.dataset.test.y == c).sum()) for c in range(plan.dataset.num_classes)]
-    header = ["client", "expertise"] + [f"train:{n}" for n in names] + [f"test:{n}" for n in names]
+    union = plan.algorithm_cls.trains_on_union
+    header = ["client", "expertise"] + [f"train:{n}" for n in names] + [f"test:{n}" for n in names] + ["batches/epoch"]
     rows = [[str(i), names[int(plan.partition.expertise[i])]]
             + [str(int(v)) for v in plan.partition.train_counts[i]] + [str(v) for v in test_counts]
+            + [batch_layout(int(plan.partition.train_counts.sum() if union else plan.partition.train_counts[i].sum()),
+                            plan.config.train.batch_size)]
             for i in range(plan.config.clients)]
     widths = [max(len(r[j]) for r in [header, *rows]) for j in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in [header, *rows]]
     lines.append(f"held-out set: {plan.dataset.eval_split}; no client trains on it")
+    if getattr(plan.dataset, "val_split", None):
+        lines.append(f"validation set: {plan.dataset.val_split}; no client trains on it")
+    lines.append("a trailing minibatch of one image is merged into the one before it")
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
+    from . import signals
     from .comm import Comm
-    from .loop import run as run_rounds
+    from .loop import placement_row, run as run_rounds
     from .plan import prepare
     from .runtime import abort_on_exception, place
 
+    stop = signals.install()
     comm = Comm()
     with abort_on_exception(comm.mpi):
         try:
@@ -139,7 +204,18 @@ def run(args: argparse.Namespace) -> int:
             print(f"mpicd: {plan.algorithm_cls.name} on {plan.dataset.name}, {comm.size} clients, "
                   f"{plan.config.rounds} rounds, {placement.device} ({placement.threads} threads/rank) "
                   f"-> {out}", flush=True)
-        run_rounds(plan, comm, placement.device, out, log=lambda line: print(line, flush=True))
+        row = placement_row(placement)
+        print(f"mpicd: rank {comm.rank} on {row['host']}: local rank {row['local_rank']}, {row['device']}, "
+              f"{row['threads']} threads", flush=True)
+        try:  # a refused resume raises on every rank at the same point (see loop.resume_point)
+            outcome = run_rounds(plan, comm, placement, out, resume=args.resume,
+                                 log=lambda line: print(line, flush=True), stop_requested=stop)
+        except ConfigError as err:
+            if comm.rank == 0:
+                print(f"mpicd: {err}", file=sys.stderr, flush=True)
+            return EXIT_BAD_INPUT
+        if outcome.stopped:
+            return signals.EXIT_STOPPED
         if comm.rank == 0:
             print(f"mpicd: results written to {out}", flush=True)
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,38 @@ from . import metrics, seeds
 from .algorithms import Batch, Context
 from .models import build_model
 from .plan import Plan
+
+
+@dataclass(frozen=True)
+class EpochLoss:
+    """Sample-weighted mean training loss of a round and its two parts (total = ce + extra)."""
+
+    total: float
+    ce: float
+    extra: float
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Metrics of one client's model on one evaluation split."""
+
+    recall: np.ndarray      # (classes,)
+    acc: float
+    balanced_acc: float
+    minority_acc: float
+
+
+def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
+    """[start, stop) of each minibatch over ``n`` shuffled samples.
+
+    A trailing batch of a single sample is merged into the one before it (which then holds
+    batch_size + 1): BatchNorm in training mode cannot normalise one sample (ResNet-18 on
+    28x28 images reaches a 1x1 map), and one image would otherwise weigh as much as a batch.
+    """
+    bounds = [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+        bounds[-2:] = [(bounds[-2][0], n)]
+    return bounds
 
 
 class Client:
@@ -24,8 +58,9 @@ class Client:
                else plan.partition.train_indices[rank])
         self.train_x = torch.from_numpy(train.x[own]).to(self.device)
         self.train_y = torch.from_numpy(train.y[own]).to(self.device)
-        self.test_x = torch.from_numpy(plan.dataset.test.x).to(self.device)
-        self.test_y = plan.dataset.test.y
+        self.eval_sets = {"test": (torch.from_numpy(plan.dataset.test.x).to(self.device), plan.dataset.test.y)}
+        if plan.dataset.val is not None:
+            self.eval_sets["val"] = (torch.from_numpy(plan.dataset.val.x).to(self.device), plan.dataset.val.y)
         torch.manual_seed(seeds.torch_seed(cfg.seed, seeds.INIT))  # one common initial model
         self.model = build_model(cfg.model.name, plan.dataset.input_shape, plan.dataset.num_classes,
                                  cfg.model.feature_dim, cfg.model.hidden).to(self.device)
@@ -36,43 +71,45 @@ class Client:
             num_classes=plan.dataset.num_classes, expertise=plan.partition.expertise,
             train_x=self.train_x, train_y=self.train_y))
 
-    def local_epochs(self, round_index: int) -> float:
-        """Train ``train.local_epochs`` epochs; returns the sample-weighted mean loss."""
+    def local_epochs(self, round_index: int) -> EpochLoss:
+        """Train ``train.local_epochs`` epochs; returns the sample-weighted mean loss and its parts."""
         cfg, model, algorithm = self.plan.config, self.model, self.algorithm
         model.train()
-        total, seen = 0.0, 0
+        total_ce, total_extra, seen = 0.0, 0.0, 0
         for epoch in range(cfg.train.local_epochs):
             order = torch.randperm(len(self.train_y), generator=torch.Generator().manual_seed(
                 seeds.torch_seed(cfg.seed, seeds.SHUFFLE, self.comm.rank, round_index, epoch)))
-            for start in range(0, len(order), cfg.train.batch_size):
-                index = order[start: start + cfg.train.batch_size].to(self.device)
+            for start, stop in batch_bounds(len(order), cfg.train.batch_size):
+                index = order[start:stop].to(self.device)
                 x, y = self.train_x[index], self.train_y[index]
                 features = model.features(x)
                 logits = model.head(features)
-                loss = F.cross_entropy(logits, y)
+                ce = F.cross_entropy(logits, y)
                 extra = algorithm.extra_loss(Batch(x, y, features, logits))
-                if extra is not None:
-                    loss = loss + extra
+                loss = ce if extra is None else ce + extra
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 self.optimizer.step()
-                total += float(loss.detach()) * len(y)
+                total_ce += float(ce.detach()) * len(y)
+                if extra is not None:
+                    total_extra += float(extra.detach()) * len(y)
                 seen += len(y)
-        return total / max(seen, 1)
+        seen = max(seen, 1)
+        return EpochLoss((total_ce + total_extra) / seen, total_ce / seen, total_extra / seen)
 
-    def evaluate(self) -> dict:
-        """Metrics on the held-out set, predicting as the algorithm says."""
+    def evaluate(self, split: str = "test") -> Scores:
+        """Metrics on a held-out split (``test`` or ``val``), predicting as the algorithm says."""
         self.model.eval()
+        x, y = self.eval_sets[split]
         batch = self.plan.config.train.eval_batch_size
         with torch.no_grad():
             predictions = np.concatenate([
-                self.algorithm.predict(self.test_x[i: i + batch]).argmax(dim=1).cpu().numpy()
-                for i in range(0, len(self.test_x), batch)])
-        num_classes = self.plan.dataset.num_classes
-        recall = metrics.per_class_recall(self.test_y, predictions, num_classes)
-        return {"recall": recall, "test_acc": metrics.accuracy(self.test_y, predictions),
-                "balanced_acc": metrics.balanced_accuracy(recall),
-                "minority_acc": metrics.minority_accuracy(recall, self.expertise_class)}
+                self.algorithm.predict(x[i: i + batch]).argmax(dim=1).cpu().numpy()
+                for i in range(0, len(x), batch)])
+        recall = metrics.per_class_recall(y, predictions, self.plan.dataset.num_classes)
+        return Scores(recall=recall, acc=metrics.accuracy(y, predictions),
+                      balanced_acc=metrics.balanced_accuracy(recall),
+                      minority_acc=metrics.minority_accuracy(recall, self.expertise_class))
 
 
 def make_optimizer(model: torch.nn.Module, train) -> torch.optim.Optimizer:

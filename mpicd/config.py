@@ -47,15 +47,24 @@ class DataConfig:
     image_size: Optional[int] = spec(None, ge=8, doc="resize images to this square size (aptos/covid default 64)")
     classes: Optional[list[str]] = spec(None, doc="covid: class folders in label order (default Normal, COVID)")
     test_fraction: float = spec(0.2, gt=0.0, lt=1.0, doc="held-out fraction where no official test split exists")
-    split_seed: int = spec(0, ge=0, doc="seed of that held-out split; fixed so every run seed sees the same test set")
+    val_fraction: float = spec(0.1, gt=0.0, lt=1.0, doc="validation fraction of each class where no official val split exists (test_fraction + val_fraction < 1)")
+    split_seed: int = spec(0, ge=0, doc="seed of those held-out and validation splits; fixed so every run seed sees the same ones")
     images_per_class: Optional[int] = spec(None, ge=1, doc="per-client images of each class before skew (null: as many as the rarest class allows)")
     skew: float = spec(0.0, ge=0.0, lt=1.0, doc="each non-expertise class keeps a fraction 1 - skew on each client")
+    skew_mode: Literal["symmetric", "authors"] = spec("symmetric", doc="symmetric: skew on every client; authors: only on clients whose expertise class is 0 (the authors' code)")
+
+    def __post_init__(self) -> None:
+        if self.test_fraction + self.val_fraction >= 1.0:
+            raise ConfigError("data.val_fraction", f"test_fraction + val_fraction must be < 1 (nothing left to "
+                                                   f"train on), got {self.test_fraction} + {self.val_fraction}")
 
 
 @dataclass
 class ModelConfig:
-    name: Literal["auto", "lenet", "mlp", "resnet18"] = spec("auto", doc="auto: lenet for images, mlp for tabular data")
-    feature_dim: int = spec(200, ge=1, doc="D, the width of the feature vector the head reads")
+    name: Literal["auto", "lenet", "fedavgcnn", "mlp", "resnet18"] = spec(
+        "auto", doc="auto: lenet for images, mlp for tabular data; fedavgcnn needs images >= 16x16")
+    feature_dim: int = spec(200, ge=1, doc="D, the width of the feature vector the head reads (lenet, mlp; "
+                                           "fedavgcnn and resnet18 have D = 512 and ignore it)")
     hidden: int = spec(64, ge=1, doc="mlp: hidden layer width")
 
 
@@ -71,6 +80,20 @@ class TrainConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every: int = spec(1, ge=0, doc="save every rank's state every N rounds (0: never) beside the results file, for --resume")
+
+
+# Keys that say how a run is executed, not what it computes: a resumed run may change them, and
+# the report does not split cells by them. A section name covers every key inside it.
+OPERATIONAL_KEYS = ("output", "device", "checkpoint", "debug", "timeout", "eval", "train.eval_batch_size")
+
+
+def is_operational(dotted: str) -> bool:
+    return any(dotted == key or dotted.startswith(key + ".") for key in OPERATIONAL_KEYS)
+
+
+@dataclass
 class Config:
     """The whole experiment. ``algorithm`` stays a mapping here; the registry validates it."""
 
@@ -83,6 +106,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     algorithm: dict = field(default_factory=lambda: {"name": "codistill"})
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
 # --------------------------------------------------------------------------- validation

@@ -1,13 +1,17 @@
-"""The round loop: exchange -> local epoch -> exchange -> evaluate -> write a row.
+"""The round loop: exchange -> local epoch -> exchange -> evaluate -> write a row -> checkpoint.
 
 Nothing algorithm-specific happens here; the algorithm's hooks are called in a fixed order and
-every byte they move is counted by the communicator's ledger.
+every byte they move is counted by the communicator's ledger. A run can start from the newest
+checkpoint every rank holds (``resume``) and can stop cleanly at a round boundary when any rank
+was asked to (SIGUSR1 from Slurm before its time limit): all ranks agree on it in the round's
+progress Allreduce, so they stop after the same round, checkpointed.
 """
 
 from __future__ import annotations
 
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -15,8 +19,10 @@ import numpy as np
 import torch
 import yaml
 
-from . import __version__
+from . import __version__, checkpoint
 from .client import Client
+from .comm import Traffic
+from .config import ConfigError, is_operational
 from .models import num_parameters
 from .plan import Plan
 
@@ -34,12 +40,13 @@ def software_versions() -> dict:
 
 
 def results_attrs(plan: Plan, client: Client) -> dict:
+    dataset = plan.dataset
     return {
         "config": yaml.safe_dump(plan.resolved_config, sort_keys=False),
         "mpicd_version": __version__,
         "versions": yaml.safe_dump(software_versions(), sort_keys=False),
         "algorithm": plan.algorithm_cls.name,
-        "dataset": plan.dataset.name,
+        "dataset": dataset.name,
         "clients": plan.config.clients,
         "rounds": plan.config.rounds,
         "seed": plan.config.seed,
@@ -47,41 +54,197 @@ def results_attrs(plan: Plan, client: Client) -> dict:
         "images_per_class": plan.partition.base_per_class,
         "num_parameters": num_parameters(client.model),
         "feature_dim": client.model.feature_dim,
-        "num_classes": plan.dataset.num_classes,
-        "class_names": list(plan.dataset.class_names),
-        "eval_split": plan.dataset.eval_split,
+        "num_classes": dataset.num_classes,
+        "class_names": list(dataset.class_names),
+        "eval_split": dataset.eval_split,
+        "val_split": getattr(dataset, "val_split", "none"),
+        "normalization": yaml.safe_dump(getattr(dataset, "normalization", None), sort_keys=False),
     }
 
 
-def run(plan: Plan, comm, device: str, out: str | Path, log: Callable[[str], None] = print,
-        parallel_io: bool | None = None) -> Path:
-    """Train ``rounds`` rounds on this rank and write the results file collectively."""
+def computed_config(tree: dict, prefix: str = "") -> dict:
+    """The resolved config as flat dotted keys, without the operational ones (checkpoint, device ...)."""
+    flat = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if is_operational(dotted):
+            continue
+        if isinstance(value, dict):
+            flat.update(computed_config(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def config_difference(saved: dict, current: dict) -> str | None:
+    """The first key whose value differs between a checkpoint's config and this run's, or None."""
+    a, b = computed_config(saved), computed_config(current)
+    for key in sorted(set(a) | set(b)):
+        if a.get(key, "<absent>") != b.get(key, "<absent>"):
+            return f"{key}: the checkpoint has {a.get(key, '<absent>')!r}, this run {b.get(key, '<absent>')!r}"
+    return None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    completed_rounds: int
+    stopped: bool        # True: stopped early on request, checkpointed, resumable
+
+
+def _state(plan: Plan, client: Client, ledger) -> dict:
+    outside = ledger.outside_rounds
+    return {
+        "config": plan.resolved_config,
+        "model": client.model.state_dict(),
+        "optimizer": client.optimizer.state_dict(),
+        "algorithm": client.algorithm.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if client.device.type == "cuda" else None,
+        "outside_rounds": (dict(outside.bytes_sent), dict(outside.bytes_recv), outside.seconds),
+    }
+
+
+def _restore(client: Client, ledger, state: dict) -> None:
+    client.model.load_state_dict(state["model"])
+    client.optimizer.load_state_dict(state["optimizer"])
+    client.algorithm.load_state_dict(state["algorithm"])
+    torch.set_rng_state(state["torch_rng"].cpu())
+    if state["cuda_rng"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    sent, recv, seconds = state["outside_rounds"]
+    previous = Traffic(dict(sent), dict(recv), seconds)
+    for kind in previous.bytes_sent:  # this job's start-up traffic adds to the earlier jobs'
+        ledger.outside_rounds.add(kind, previous.bytes_sent[kind], previous.bytes_recv[kind], 0.0)
+    ledger.outside_rounds.seconds += previous.seconds
+
+
+def agree_on_checkpoint(comm, folder: Path) -> int:
+    """The newest rounds-completed count that every rank holds a checkpoint for (0: none).
+
+    Collective; terminates because the bound strictly decreases until every rank holds the
+    candidate or it reaches 0.
+    """
+    mine = checkpoint.available(folder, comm.rank)
+    bound = np.iinfo(np.int64).max
+    while True:
+        best = max((n for n in mine if n <= bound), default=0)
+        candidate = int(comm.allreduce_min(np.array([best], dtype=np.int64))[0])
+        if candidate == 0:
+            return 0
+        held = int(comm.allreduce_min(np.array([int(candidate in mine)], dtype=np.int64))[0])
+        if held:
+            return candidate
+        bound = candidate - 1
+
+
+def _results_rounds(out: Path) -> int | None:
+    """completed_rounds of an existing results file (any rank can read it), None if unreadable."""
+    import h5py
+
+    try:
+        with h5py.File(out, "r") as f:
+            return int(f.attrs["completed_rounds"])
+    except (OSError, KeyError):
+        return None
+
+
+def resume_point(plan: Plan, client: Client, comm, out: Path) -> int:
+    """Load the newest checkpoint all ranks share (collective); returns the first round to run.
+
+    A checkpoint whose config differs from this run's in anything but operational keys is
+    refused with a ConfigError naming the key (raised on every rank).
+    """
+    folder = checkpoint.folder_for(out)
+    written = _results_rounds(out)
+    if written == plan.config.rounds:
+        return written
+    have_file = written is not None
+    agreed = agree_on_checkpoint(comm, folder) if have_file else 0
+    if agreed == 0:
+        return 0
+    state = checkpoint.load(folder, comm.rank, agreed, client.device)
+    ok = int(comm.allreduce_min(np.array([int(state is not None)], dtype=np.int64))[0])
+    if not ok:
+        return 0
+    difference = config_difference(state["config"], plan.resolved_config)
+    same = int(comm.allreduce_min(np.array([int(difference is None)], dtype=np.int64))[0])
+    if not same:  # every rank raises here, so none is left in a collective
+        raise ConfigError("--resume", f"the checkpoint in {folder} was made with a different config: "
+                                      f"{difference or 'on another rank'}; use another output file or "
+                                      f"restore the config")
+    _restore(client, comm.ledger, state)
+    return agreed
+
+
+def run(plan: Plan, comm, placement, out: str | Path, log: Callable[[str], None] = print,
+        parallel_io: bool | None = None, resume: bool = False,
+        stop_requested: Callable[[], bool] = lambda: False) -> Outcome:
+    """Train the config's rounds on this rank and write the results file collectively."""
     from .results import ResultsWriter, RoundRow
 
-    cfg, ledger = plan.config, comm.ledger
-    client = Client(plan, comm, device)
+    cfg, ledger, out = plan.config, comm.ledger, Path(out)
+    client = Client(plan, comm, placement.device)
+    start = resume_point(plan, client, comm, out) if resume else 0
+    if start == cfg.rounds:
+        if comm.rank == 0:
+            log(f"mpicd: {out} already holds all {cfg.rounds} rounds; nothing to do")
+        return Outcome(start, False)
+    if resume and comm.rank == 0:
+        log(f"mpicd: resuming at round {start + 1} from {checkpoint.folder_for(out)}" if start
+            else "mpicd: no checkpoint to resume from; starting at round 1")
     test_counts = np.bincount(plan.dataset.test.y, minlength=plan.dataset.num_classes)
     writer = ResultsWriter(
         out, comm, rounds=cfg.rounds, num_classes=plan.dataset.num_classes, attrs=results_attrs(plan, client),
         train_counts=plan.partition.train_counts, test_counts=np.tile(test_counts, (cfg.clients, 1)),
-        expertise=plan.partition.expertise, parallel=parallel_io)
-    for r in range(cfg.rounds):
+        expertise=plan.partition.expertise, placement=placement_row(placement), parallel=parallel_io,
+        resume_at=start or None)
+    every = cfg.checkpoint.every
+    for r in range(start, cfg.rounds):
         started = time.perf_counter()
         ledger.begin_round()
         client.algorithm.before_epoch(r)
         loss = client.local_epochs(r)
         client.algorithm.after_epoch(r)
-        scores = client.evaluate()
+        test = client.evaluate("test")
+        val = client.evaluate("val") if "val" in client.eval_sets else None
         traffic = ledger.end_round()
         elapsed = time.perf_counter() - started
-        writer.write_round(r, RoundRow(
-            train_loss=loss, test_acc=scores["test_acc"], balanced_acc=scores["balanced_acc"],
-            minority_acc=scores["minority_acc"], recall=scores["recall"], traffic=traffic,
-            compute_seconds=elapsed - traffic.seconds, teacher=client.algorithm.teacher()))
-        # A progress line for rank 0: a small Allreduce outside the round's ledger row.
-        summary = comm.allreduce_sum(np.array([scores["minority_acc"], traffic.total_sent, elapsed]))
+        writer.write_round(r, RoundRow(loss=loss, test=test, val=val, traffic=traffic,
+                                       compute_seconds=elapsed - traffic.seconds,
+                                       teacher=client.algorithm.teacher()))
+        # Progress line and stop agreement: a small Allreduce outside the round's ledger row.
+        summary = comm.allreduce_sum(np.array([test.minority_acc, traffic.total_sent, elapsed,
+                                               float(stop_requested())]))
+        stop = summary[3] > 0 and r + 1 < cfg.rounds
         if comm.rank == 0:
             log(f"round {r + 1:>4}/{cfg.rounds}  minority_acc {summary[0] / comm.size:.4f}  "
                 f"bytes {int(summary[1]):>12,d}  {summary[2] / comm.size:6.2f} s")
+        if ((every and (r + 1) % every == 0) or stop) and r + 1 < cfg.rounds:
+            checkpoint.save(checkpoint.folder_for(out), comm.rank, r + 1, _state(plan, client, ledger))
+        if stop:
+            writer.close()
+            if comm.rank == 0:
+                log(f"mpicd: stopped on request after round {r + 1}; resume with --resume")
+            return Outcome(r + 1, True)
+    _remove_checkpoints(comm, checkpoint.folder_for(out))
     writer.close()  # only on success: a failing rank aborts the job instead (see ResultsWriter.close)
-    return Path(out)
+    return Outcome(cfg.rounds, False)
+
+
+def _remove_checkpoints(comm, folder: Path) -> None:
+    """A complete run needs no checkpoint: each rank drops its own, then rank 0 the folder."""
+    for completed in checkpoint.available(folder, comm.rank):
+        checkpoint.path_for(folder, comm.rank, completed).unlink(missing_ok=True)
+    comm.allreduce_min(np.zeros(1, dtype=np.int64))  # every rank has deleted its files
+    if comm.rank == 0 and folder.is_dir():
+        try:
+            folder.rmdir()
+        except OSError:
+            pass  # something else lives there: leave it
+
+
+def placement_row(placement) -> dict:
+    import socket
+
+    return {"host": socket.gethostname(), "local_rank": placement.local_rank, "device": placement.device,
+            "threads": placement.threads}

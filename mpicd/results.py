@@ -4,22 +4,32 @@ Layout (a contract the report and later tools rely on):
 
     /                       attrs: config (YAML), mpicd_version, versions (YAML), algorithm,
                                    clients, rounds, num_parameters, feature_dim, num_classes,
-                                   eval_split, writer ("mpio" | "serial"), completed_rounds
-    /metrics/<name>         (rounds, clients) float64: train_loss, test_acc, balanced_acc,
-                            minority_acc, comm_seconds, compute_seconds
+                                   eval_split, val_split, normalization (YAML), writer
+                                   ("mpio" | "serial"), completed_rounds, resumed_at (list of the
+                                   rounds a resumed job started from)
+    /metrics/<name>         (rounds, clients) float64: train_loss (= train_ce + train_extra, the
+                            sample-weighted means of the cross-entropy and of the algorithm's
+                            extra term), test_acc, balanced_acc, minority_acc (held-out test
+                            split), val_acc, val_balanced_acc, val_minority_acc (validation
+                            split: for choosing hyper-parameters and rounds), comm_seconds,
+                            compute_seconds
     /metrics/bytes_sent     (rounds, clients) int64, and bytes_recv
-    /metrics/recall         (rounds, clients, classes) float64, on the held-out set
+    /metrics/recall         (rounds, clients, classes) float64 on the test split; val_recall
     /comm/bytes_sent        (rounds, clients, kinds) int64 by kind of operation (attr kinds), and bytes_recv
     /comm/teacher           (rounds, clients) int64: the client each one learned from, -1 if none
     /comm/outside_rounds    (clients, 2) int64: bytes sent, received outside any round (start-up
                             agreement, progress line, serial gather), written when the run ends
     /partition/train_counts (clients, classes), /partition/test_counts, /partition/expertise (clients,)
+    /placement/host, device (clients,) fixed-length strings; local_rank, threads (clients,) int64
+
+The per-round datasets are declared once in :func:`columns`; creation, the collective write and
+the serial fallback's pack/unpack all follow that table.
 
 With h5py built against MPI every rank writes its own row inside ``dset.collective`` and all
 ranks make every metadata change together. Without MPI support rank 0 gathers the rows (through
 ``comm``, so the bytes are counted) and writes serially: the same layout. The file is flushed
-after every round and ``completed_rounds`` says how many rows are valid, so a crash leaves the
-finished rounds readable.
+after every round and ``completed_rounds`` (updated in place) says how many rows are valid, so a
+crash leaves the finished rounds readable.
 """
 
 from __future__ import annotations
@@ -27,108 +37,185 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import h5py
 import numpy as np
 
 from .comm import KINDS, Comm, Traffic
 
-FLOAT_METRICS = ("train_loss", "test_acc", "balanced_acc", "minority_acc", "comm_seconds", "compute_seconds")
 
 
 @dataclass
 class RoundRow:
-    """What one rank measured in one round."""
+    """What one rank measured in one round (``val``: None when the dataset has no validation split)."""
 
-    train_loss: float
-    test_acc: float
-    balanced_acc: float
-    minority_acc: float
-    recall: np.ndarray
+    loss: Any            # client.EpochLoss: total, ce, extra
+    test: Any            # client.Scores on the test split
+    val: Any             # client.Scores on the validation split, or None
     traffic: Traffic
     compute_seconds: float
     teacher: int
 
-    def pack(self) -> np.ndarray:
-        """As one float64 vector (bytes are exact in float64 up to 2**53) for the serial gather."""
-        return np.concatenate([
-            [self.train_loss, self.test_acc, self.balanced_acc, self.minority_acc,
-             self.traffic.seconds, self.compute_seconds, self.teacher],
-            self.recall,
-            [self.traffic.bytes_sent[k] for k in KINDS],
-            [self.traffic.bytes_recv[k] for k in KINDS],
-        ]).astype(np.float64)
 
-    @classmethod
-    def unpack(cls, vector: np.ndarray, num_classes: int) -> "RoundRow":
-        c, k = num_classes, len(KINDS)
-        traffic = Traffic(dict(zip(KINDS, (int(v) for v in vector[7 + c: 7 + c + k]))),
-                          dict(zip(KINDS, (int(v) for v in vector[7 + c + k: 7 + c + 2 * k]))),
-                          float(vector[4]))
-        return cls(*(float(v) for v in vector[:4]), vector[7: 7 + c].copy(), traffic,
-                   float(vector[5]), int(vector[6]))
+@dataclass(frozen=True)
+class Column:
+    """One per-round dataset: ``path`` holds (rounds, clients, *shape) values of ``dtype``."""
+
+    path: str
+    dtype: str
+    shape: tuple[int, ...]
+    get: Callable[[RoundRow], Any]
+
+
+def _score(split: str, name: str, width: int | None = None) -> Callable[[RoundRow], Any]:
+    def get(row: RoundRow) -> Any:
+        scores = getattr(row, split)
+        if scores is None:
+            return np.full(width, np.nan) if width else np.nan
+        return getattr(scores, name)
+    return get
+
+
+def columns(num_classes: int) -> list[Column]:
+    """Every per-round dataset of the file, in a fixed order."""
+    c, k = (num_classes,), (len(KINDS),)
+    return [
+        Column("metrics/train_loss", "f8", (), lambda row: row.loss.total),
+        Column("metrics/train_ce", "f8", (), lambda row: row.loss.ce),
+        Column("metrics/train_extra", "f8", (), lambda row: row.loss.extra),
+        Column("metrics/test_acc", "f8", (), _score("test", "acc")),
+        Column("metrics/balanced_acc", "f8", (), _score("test", "balanced_acc")),
+        Column("metrics/minority_acc", "f8", (), _score("test", "minority_acc")),
+        Column("metrics/recall", "f8", c, _score("test", "recall", num_classes)),
+        Column("metrics/val_acc", "f8", (), _score("val", "acc")),
+        Column("metrics/val_balanced_acc", "f8", (), _score("val", "balanced_acc")),
+        Column("metrics/val_minority_acc", "f8", (), _score("val", "minority_acc")),
+        Column("metrics/val_recall", "f8", c, _score("val", "recall", num_classes)),
+        Column("metrics/comm_seconds", "f8", (), lambda row: row.traffic.seconds),
+        Column("metrics/compute_seconds", "f8", (), lambda row: row.compute_seconds),
+        Column("metrics/bytes_sent", "i8", (), lambda row: row.traffic.total_sent),
+        Column("metrics/bytes_recv", "i8", (), lambda row: row.traffic.total_recv),
+        Column("comm/bytes_sent", "i8", k, lambda row: [row.traffic.bytes_sent[n] for n in KINDS]),
+        Column("comm/bytes_recv", "i8", k, lambda row: [row.traffic.bytes_recv[n] for n in KINDS]),
+        Column("comm/teacher", "i8", (), lambda row: row.teacher),
+    ]
+
+
+def pack(values: list[np.ndarray]) -> np.ndarray:
+    """One rank's column values as one float64 vector (integers up to 2**53 are exact)."""
+    return np.concatenate([np.atleast_1d(np.asarray(v, dtype=np.float64)) for v in values])
+
+
+def unpack(vector: np.ndarray, cols: list[Column]) -> list[np.ndarray]:
+    out, at = [], 0
+    for col in cols:
+        n = int(np.prod(col.shape)) if col.shape else 1
+        part = vector[at: at + n].astype(col.dtype)
+        out.append(part.reshape(col.shape) if col.shape else part[0])
+        at += n
+    return out
+
+
+PLACEMENT_STRINGS = {"host": 64, "device": 16}
 
 
 class ResultsWriter:
-    """Create the file (collectively), then ``write_round`` once per round on every rank."""
+    """Create (or, resuming, reopen) the file collectively, then ``write_round`` once per round."""
 
     def __init__(self, path: str | Path, comm: Comm, *, rounds: int, num_classes: int, attrs: dict,
                  train_counts: np.ndarray, test_counts: np.ndarray, expertise: np.ndarray,
-                 parallel: bool | None = None):
+                 placement: dict, parallel: bool | None = None, resume_at: int | None = None):
         self.comm = comm
-        self.num_classes = num_classes
+        self.cols = columns(num_classes)
         self.parallel = h5py.get_config().mpi if parallel is None else parallel
         if not self.parallel and comm.rank == 0:
             why = "serial writer requested" if h5py.get_config().mpi else "h5py has no MPI support"
             warnings.warn(f"{why}: rank 0 gathers the results and writes them serially",
                           RuntimeWarning, stacklevel=2)
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.file = None
         self.writer = "mpio" if self.parallel else "serial"
+        mode = "w" if resume_at is None else "r+"
+        if comm.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
         if self.parallel:
-            self.file = h5py.File(path, "w", driver="mpio", comm=comm.mpi)
+            self.file = h5py.File(path, mode, driver="mpio", comm=comm.mpi)
         elif comm.rank == 0:
-            self.file = h5py.File(path, "w")
-        if self.file is not None:
+            self.file = h5py.File(path, mode)
+        rows = self._gather({k: placement[k] for k in ("host", "local_rank", "device", "threads")})
+        if self.file is None:
+            return
+        if resume_at is None:
             self._create(self.file, rounds, comm.size, num_classes, {**attrs, "writer": self.writer})
             if comm.rank == 0:  # every rank knows the partition; one independent write suffices
                 self.file["partition/train_counts"][...] = train_counts
                 self.file["partition/test_counts"][...] = test_counts
                 self.file["partition/expertise"][...] = expertise
-            self.file.flush()
+        else:
+            self.file.attrs["completed_rounds"] = resume_at
+            self.file.attrs["resumed_at"] = [*self.file.attrs.get("resumed_at", []), resume_at]
+        for key in ("host", "local_rank", "device", "threads"):
+            self._put(f"placement/{key}", (), {
+                rank: np.bytes_(str(row[key]).encode()[:PLACEMENT_STRINGS[key]]) if key in PLACEMENT_STRINGS
+                else row[key] for rank, row in rows.items()})
+        self.file.flush()
 
-    @staticmethod
-    def _create(f: h5py.File, rounds: int, clients: int, classes: int, attrs: dict) -> None:
+    def _gather(self, mine: dict) -> dict[int, dict]:
+        """{rank: placement} of the ranks this process writes for (all of them when serial)."""
+        if self.parallel:
+            return {self.comm.rank: mine}
+        width = sum(PLACEMENT_STRINGS.values())
+        text = np.zeros(width + 2, dtype=np.int64)
+        at = 0
+        for key, n in PLACEMENT_STRINGS.items():
+            raw = str(mine[key]).encode()[:n]
+            text[at: at + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+            at += n
+        text[width:] = [mine["local_rank"], mine["threads"]]
+        rows = {}
+        for rank, vec in enumerate(self.comm.allgather(text)):
+            row, at = {}, 0
+            for key, n in PLACEMENT_STRINGS.items():
+                row[key] = bytes(vec[at: at + n].astype(np.uint8)).rstrip(b"\0").decode()
+                at += n
+            row["local_rank"], row["threads"] = int(vec[width]), int(vec[width + 1])
+            rows[rank] = row
+        return rows
+
+    def _create(self, f: h5py.File, rounds: int, clients: int, classes: int, attrs: dict) -> None:
         for key, value in attrs.items():
             f.attrs[key] = value
         f.attrs["completed_rounds"] = 0
-        metrics, comm, partition = f.create_group("metrics"), f.create_group("comm"), f.create_group("partition")
-        for name in FLOAT_METRICS:
-            metrics.create_dataset(name, (rounds, clients), dtype="f8", fillvalue=np.nan)
-        for name in ("bytes_sent", "bytes_recv"):
-            metrics.create_dataset(name, (rounds, clients), dtype="i8", fillvalue=-1)
-            by_kind = comm.create_dataset(name, (rounds, clients, len(KINDS)), dtype="i8", fillvalue=-1)
-            by_kind.attrs["kinds"] = np.array(KINDS, dtype=h5py.string_dtype())
-        metrics.create_dataset("recall", (rounds, clients, classes), dtype="f8", fillvalue=np.nan)
-        comm.create_dataset("teacher", (rounds, clients), dtype="i8", fillvalue=-1)
-        comm.create_dataset("outside_rounds", (clients, 2), dtype="i8", fillvalue=-1)
-        partition.create_dataset("train_counts", (clients, classes), dtype="i8")
-        partition.create_dataset("test_counts", (clients, classes), dtype="i8")
-        partition.create_dataset("expertise", (clients,), dtype="i8")
+        f.attrs["resumed_at"] = np.zeros(0, dtype=np.int64)
+        for col in self.cols:
+            fill = np.nan if col.dtype == "f8" else -1
+            dset = f.create_dataset(col.path, (rounds, clients, *col.shape), dtype=col.dtype, fillvalue=fill)
+            if col.path.startswith("comm/bytes_"):
+                dset.attrs["kinds"] = np.array(KINDS, dtype=h5py.string_dtype())
+        f.create_dataset("comm/outside_rounds", (clients, 2), dtype="i8", fillvalue=-1)
+        for name in ("train_counts", "test_counts"):
+            f.create_dataset(f"partition/{name}", (clients, classes), dtype="i8")
+        f.create_dataset("partition/expertise", (clients,), dtype="i8")
+        for key, n in PLACEMENT_STRINGS.items():
+            f.create_dataset(f"placement/{key}", (clients,), dtype=f"S{n}")
+        for key in ("local_rank", "threads"):
+            f.create_dataset(f"placement/{key}", (clients,), dtype="i8", fillvalue=-1)
 
     def write_round(self, round_index: int, row: RoundRow) -> None:
         """Every rank calls this with its own row; the file is flushed before it returns."""
+        values = [col.get(row) for col in self.cols]
         if self.parallel:
-            self._write(round_index, {self.comm.rank: row})
+            per_rank = {self.comm.rank: values}
         else:
-            packed = self.comm.allgather(row.pack())
-            if self.file is not None:
-                rows = {rank: RoundRow.unpack(v, self.num_classes) for rank, v in enumerate(packed)}
-                self._write(round_index, rows)
-        if self.file is not None:
-            self.file.attrs["completed_rounds"] = round_index + 1
-            self.file.flush()
+            gathered = self.comm.allgather(pack(values))
+            per_rank = {rank: unpack(v, self.cols) for rank, v in enumerate(gathered)}
+        if self.file is None:
+            return
+        for i, col in enumerate(self.cols):
+            self._put(col.path, (round_index,), {rank: vals[i] for rank, vals in per_rank.items()})
+        self.file.attrs["completed_rounds"] = round_index + 1
+        self.file.flush()
 
     def _put(self, name: str, index: tuple, values: dict) -> None:
         """Write ``values[rank]`` at ``dset[(*index, rank)]``: collectively, or all rows serially."""
@@ -141,26 +228,12 @@ class ResultsWriter:
             for rank, value in values.items():
                 dset[(*index, rank)] = value
 
-    def _write(self, r: int, rows: dict[int, RoundRow]) -> None:
-        def put(name: str, value_of) -> None:
-            self._put(name, (r,), {rank: value_of(row) for rank, row in rows.items()})
-
-        for name in FLOAT_METRICS[:4]:
-            put(f"metrics/{name}", lambda row, name=name: getattr(row, name))
-        put("metrics/comm_seconds", lambda row: row.traffic.seconds)
-        put("metrics/compute_seconds", lambda row: row.compute_seconds)
-        put("metrics/bytes_sent", lambda row: row.traffic.total_sent)
-        put("metrics/bytes_recv", lambda row: row.traffic.total_recv)
-        put("metrics/recall", lambda row: row.recall)
-        put("comm/bytes_sent", lambda row: [row.traffic.bytes_sent[k] for k in KINDS])
-        put("comm/bytes_recv", lambda row: [row.traffic.bytes_recv[k] for k in KINDS])
-        put("comm/teacher", lambda row: row.teacher)
-
     def close(self) -> None:
         """Collective: record this rank's traffic outside rounds, then close the file.
 
-        Call only on success; a failing rank must abort instead (a collective close would wait
-        for ranks that are blocked elsewhere). The rounds already flushed stay readable.
+        Call only on success or at an agreed stop; a failing rank must abort instead (a
+        collective close would wait for ranks that are blocked elsewhere). The rounds already
+        flushed stay readable.
         """
         outside = self.comm.ledger.outside_rounds
         mine = np.array([outside.total_sent, outside.total_recv], dtype=np.int64)
@@ -169,6 +242,10 @@ class ResultsWriter:
             self._put("comm/outside_rounds", (), rows)
             self.file.close()
             self.file = None
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class Results:
@@ -182,16 +259,18 @@ class Results:
 
         self.path = Path(path)
         with h5py.File(self.path, "r") as f:
-            self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+            self.attrs = {k: _text(v) for k, v in f.attrs.items()}
             self.completed_rounds = int(self.attrs["completed_rounds"])
             done = slice(0, self.completed_rounds)
             self.metrics = {name: f["metrics"][name][done] for name in f["metrics"]}
-            self.kinds = tuple(k.decode() if isinstance(k, bytes) else k for k in f["comm/bytes_sent"].attrs["kinds"])
+            self.kinds = tuple(_text(k) for k in f["comm/bytes_sent"].attrs["kinds"])
             self.bytes_sent_by_kind = f["comm/bytes_sent"][done]
             self.bytes_recv_by_kind = f["comm/bytes_recv"][done]
             self.teacher = f["comm/teacher"][done]
             self.outside_rounds = f["comm/outside_rounds"][()]
             self.partition = {name: f["partition"][name][()] for name in f["partition"]}
+            self.placement = ({name: [_text(v) for v in f["placement"][name][()]] for name in f["placement"]}
+                              if "placement" in f else {})
         self.config = yaml.safe_load(self.attrs["config"])
 
     def __repr__(self) -> str:

@@ -48,7 +48,11 @@ def choose_device(requested: str, local_rank: int, gpu_count: int) -> str:
 
 
 def cpu_threads(local_size: int) -> int:
-    """This rank's share of the cores it may run on."""
+    """Slurm's --cpus-per-task where it is set (SLURM_CPUS_PER_TASK: the CPUs this task was given),
+    else this rank's share of the cores it may run on."""
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        return int(slurm)
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -61,6 +65,8 @@ def place(comm: MPI.Comm, requested_device: str) -> Placement:
     import torch
 
     local_rank, local_size = local_rank_and_size(comm)
+    # cuBLAS needs a fixed workspace for deterministic GEMMs; it must be set before CUDA starts.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     gpu_count = torch.cuda.device_count() if requested_device != "cpu" else 0
     device = choose_device(requested_device, local_rank, gpu_count)
     threads = cpu_threads(local_size)

@@ -29,6 +29,14 @@ def test_every_rank_row_lands_in_its_cell(written, writer):
     np.testing.assert_array_equal(res.metrics["bytes_sent"], [[0, 100, 200], [1, 101, 201]])
     np.testing.assert_array_equal(res.metrics["bytes_recv"], np.full((2, 3), 8))
     np.testing.assert_array_equal(res.metrics["recall"][1], [[1, 0], [1, 1], [1, 2]])
+    np.testing.assert_array_equal(res.metrics["train_ce"], [[0, 1, 2], [0.25, 1.25, 2.25]])
+    np.testing.assert_array_equal(res.metrics["train_extra"], np.full((2, 3), 0.25))
+    np.testing.assert_array_equal(res.metrics["val_minority_acc"], [[0, 0.01, 0.02], [0, 0.01, 0.02]])
+    np.testing.assert_array_equal(res.metrics["val_recall"][1], [[0, 1], [1, 1], [2, 1]])
+    assert res.placement["host"] == ["node0", "node0", "node1"]
+    assert res.placement["device"] == ["cpu"] * 3
+    np.testing.assert_array_equal(res.placement["local_rank"], [0, 1, 0])
+    np.testing.assert_array_equal(res.placement["threads"], [1, 2, 3])
     np.testing.assert_array_equal(res.teacher, [[1, 2, 0], [1, 2, 0]])
     assert res.kinds[:2] == ("p2p", "allreduce")
     np.testing.assert_array_equal(res.bytes_recv_by_kind[:, :, 1], np.full((2, 3), 8))

@@ -62,6 +62,15 @@ class Algorithm:
     name: ClassVar[str]
     Params: ClassVar[type] = NoParams
     trains_on_union: ClassVar[bool] = False  # True: every rank trains on all clients' training data
+    carried: ClassVar[tuple[str, ...]] = ()  # attributes that carry state from one round to the next
+
+    def state_dict(self) -> dict:
+        """What a checkpoint must hold for the next round to equal an uninterrupted run's."""
+        return {name: getattr(self, name) for name in self.carried}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in self.carried:
+            setattr(self, name, state[name])
 
     def __init__(self, params, ctx: Context):
         self.params = params

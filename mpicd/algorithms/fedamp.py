@@ -129,6 +129,7 @@ def alpha_per_parameter(params: FedAMPParams, clients: int) -> float:
 class FedAMP(Algorithm):
     name = "fedamp"
     Params = FedAMPParams
+    carried = ("xi", "cloud")
 
     @classmethod
     def check(cls, params: FedAMPParams, train_counts: np.ndarray, expertise: np.ndarray) -> None:

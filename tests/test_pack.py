@@ -1,0 +1,69 @@
+"""mpicd pack: a sweep's runs in one MPI job, the world split into groups; each packed run equals
+the same run launched alone, finished runs are skipped, a rank count below a run's size is refused."""
+
+import numpy as np
+import pytest
+
+from mpicd.results import Results
+from mpicd.sweep import load_sweep
+
+from conftest import QUICKSTART, mpicd_run, mpiexec
+
+TIMING = {"comm_seconds", "compute_seconds"}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pack")
+    path = folder / "sweep.yaml"
+    path.write_text(f"config: {QUICKSTART}\noutput_dir: {folder / 'out'}\ngrid:\n"
+                    "  clients: [2]\n  rounds: [3]\n"
+                    "  algorithm: [{name: codistill}, {name: fedavg}, {name: fedproto}]\n  seed: [0, 1]\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def packed(sweep):
+    result = mpiexec(4, "-m", "mpicd", "pack", str(sweep), timeout=400)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    return result
+
+
+def test_every_run_is_done_once_by_two_groups(sweep, packed):
+    runs = load_sweep(sweep)
+    assert "6 pending; 4 ranks = 2 groups of 2" in packed.stdout
+    starts = [line for line in packed.stdout.splitlines() if "] start (" in line]
+    assert len(starts) == len(runs)
+    assert {line.split("]")[0].split()[-1] for line in starts} == {str(r.index) for r in runs}
+    assert {line.split()[1] for line in starts} == {"0", "1"}  # both groups took work
+    for run in runs:
+        assert Results(run.output).completed_rounds == 3
+
+
+def test_a_packed_run_equals_the_run_launched_alone(sweep, packed, tmp_path):
+    for run in load_sweep(sweep)[::2]:
+        alone = tmp_path / run.output.name
+        mpicd_run(2, run.config, alone, *run.overrides)
+        a, b = Results(run.output), Results(alone)
+        for name in a.metrics:
+            if name not in TIMING:
+                np.testing.assert_array_equal(a.metrics[name], b.metrics[name], err_msg=f"{run.output} {name}")
+        np.testing.assert_array_equal(a.bytes_sent_by_kind, b.bytes_sent_by_kind)
+        np.testing.assert_array_equal(a.bytes_recv_by_kind, b.bytes_recv_by_kind)
+
+
+def test_a_second_pack_skips_the_finished_runs(sweep, packed):
+    runs = load_sweep(sweep)
+    runs[1].output.unlink()
+    again = mpiexec(5, "-m", "mpicd", "pack", str(sweep), timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "1 pending; 5 ranks = 2 groups of 2 (1 idle)" in again.stdout
+    starts = [line for line in again.stdout.splitlines() if "] start (" in line]
+    assert len(starts) == 1 and f"run {runs[1].index}]" in starts[0]
+    assert Results(runs[1].output).completed_rounds == 3
+
+
+def test_too_few_ranks_is_refused(sweep):
+    result = mpiexec(1, "-m", "mpicd", "pack", str(sweep), timeout=120)
+    assert result.returncode == 2
+    assert "each run needs 2 ranks" in result.stderr

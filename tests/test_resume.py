@@ -1,0 +1,177 @@
+"""Checkpoint and resume: a run killed (SIGKILL) or stopped (SIGUSR1) mid-way and resumed with
+--resume writes exactly the metrics and bytes of an uninterrupted run."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from mpicd import checkpoint
+from mpicd.results import Results
+
+from conftest import PNEUMONIA, QUICKSTART, ROOT, mpi_env, mpicd_run, mpiexec
+
+TIMING = {"comm_seconds", "compute_seconds"}
+
+
+def workload():
+    """A config whose rounds last long enough to be interrupted: real X-rays when present."""
+    if PNEUMONIA.is_file():
+        return ROOT / "configs" / "pneumoniamnist.yaml", ["rounds=8", "data.images_per_class=60",
+                                                          f"data.path={PNEUMONIA}"]
+    return QUICKSTART, ["rounds=200"]
+
+
+def assert_same_run(a: Results, b: Results):
+    assert a.completed_rounds == b.completed_rounds == a.attrs["rounds"]
+    assert set(a.metrics) == set(b.metrics)
+    for name in a.metrics:
+        if name not in TIMING:
+            np.testing.assert_array_equal(a.metrics[name], b.metrics[name], err_msg=name)
+    np.testing.assert_array_equal(a.bytes_sent_by_kind, b.bytes_sent_by_kind)
+    np.testing.assert_array_equal(a.bytes_recv_by_kind, b.bytes_recv_by_kind)
+    np.testing.assert_array_equal(a.teacher, b.teacher)
+
+
+def start(out, config, overrides, *extra):
+    command = ["mpiexec", "-n", "4", "--oversubscribe", sys.executable, "-m", "mpicd", "run", str(config),
+               *overrides, "--out", str(out), *extra]
+    return subprocess.Popen(command, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def wait_for_checkpoint(proc, out, completed: int, timeout: float = 180):
+    folder = checkpoint.folder_for(out)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(completed in checkpoint.available(folder, r) for r in range(4)):
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before round {completed} was checkpointed:\n{proc.communicate()}")
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail(f"no checkpoint of round {completed} within {timeout} s")
+
+
+def descendants_alive(pids):
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().split()[2] != "Z":
+                    alive.append(pid)
+        except (ProcessLookupError, FileNotFoundError):
+            pass
+    return alive
+
+
+def session_pids(sid):
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == sid:
+                    pids.append(int(entry))
+            except (ProcessLookupError, PermissionError):
+                pass
+    return pids
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    config, overrides = workload()
+    folder = tmp_path_factory.mktemp("reference")
+    out = {}
+    for algorithm in ("codistill", "fedavg"):
+        out[algorithm] = folder / f"{algorithm}.h5"
+        mpicd_run(4, config, out[algorithm], *overrides, f"algorithm={{name: {algorithm}}}", timeout=400)
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["codistill", "fedavg"])
+def test_sigkill_mid_round_then_resume_equals_uninterrupted(tmp_path, reference, algorithm):
+    config, overrides = workload()
+    overrides = [*overrides, f"algorithm={{name: {algorithm}}}"]
+    out = tmp_path / "run.h5"
+    proc = start(out, config, overrides)
+    wait_for_checkpoint(proc, out, 2)
+    pids = session_pids(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while descendants_alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not descendants_alive(pids), "processes of the killed job are still running"
+    with h5py.File(out, "r") as f:  # the interrupted file is readable and holds its finished rounds
+        done = int(f.attrs["completed_rounds"])
+        assert 2 <= done < f.attrs["rounds"]
+        assert np.isfinite(f["metrics/minority_acc"][:done]).all()
+    resumed = mpicd_run(4, config, out, *overrides, "--resume", timeout=400)
+    assert "resuming at round" in resumed.stdout
+    assert_same_run(Results(out), Results(reference[algorithm]))
+    assert list(Results(out).attrs["resumed_at"])[0] >= 2
+    assert not checkpoint.folder_for(out).exists(), "a complete run keeps no checkpoints"
+
+
+def test_sigusr1_stops_at_a_round_boundary_and_resume_completes(tmp_path, reference):
+    config, overrides = workload()
+    overrides = [*overrides, "algorithm={name: codistill}"]
+    out = tmp_path / "run.h5"
+    proc = start(out, config, overrides)
+    wait_for_checkpoint(proc, out, 1)
+    os.kill(proc.pid, signal.SIGUSR1)  # mpiexec forwards SIGUSR1 to every rank
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the run did not stop after SIGUSR1")
+    assert proc.returncode == 75, (proc.returncode, stdout, stderr)
+    assert "stopped on request" in stdout
+    done = Results(out).completed_rounds
+    assert done in checkpoint.available(checkpoint.folder_for(out), 0)
+    mpicd_run(4, config, out, *overrides, "--resume", timeout=400)
+    assert_same_run(Results(out), Results(reference["codistill"]))
+
+
+def test_resume_of_a_complete_run_does_nothing(tmp_path):
+    out = tmp_path / "run.h5"
+    mpicd_run(2, QUICKSTART, out, "clients=2", "rounds=2")
+    before = out.stat().st_mtime_ns
+    again = mpicd_run(2, QUICKSTART, out, "clients=2", "rounds=2", "--resume")
+    assert "nothing to do" in again.stdout and out.stat().st_mtime_ns == before
+
+
+def test_resume_with_a_different_config_is_refused_naming_the_key(tmp_path):
+    out = tmp_path / "run.h5"
+    proc = start(out, *workload_quick())
+    wait_for_checkpoint(proc, out, 2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    config, overrides = workload_quick()
+    result = mpiexec(4, "-m", "mpicd", "run", str(config), *overrides, "algorithm.lambda=0.5",
+                     "--out", str(out), "--resume", timeout=120)
+    assert result.returncode == 2, result.stderr
+    messages = [line for line in result.stderr.splitlines() if line.startswith("mpicd:")]
+    assert len(messages) == 1 and "algorithm.lambda" in messages[0], result.stderr
+
+
+def workload_quick():
+    return QUICKSTART, ["rounds=400"]
+
+
+def test_checkpoint_is_atomic_and_torn_files_are_ignored(tmp_path):
+    folder = tmp_path / "x.h5.ckpt"
+    for completed in (1, 2, 3):
+        checkpoint.save(folder, 0, completed, {"round": completed})
+    assert checkpoint.available(folder, 0) == [3, 2]  # only the newest two are kept
+    checkpoint.path_for(folder, 0, 3).write_bytes(b"torn")
+    assert checkpoint.load(folder, 0, 3, "cpu") is None
+    assert checkpoint.load(folder, 0, 2, "cpu") == {"round": 2}
+    (folder / ".rank0.round4.pt.123.tmp").write_bytes(b"partial")
+    assert checkpoint.available(folder, 0) == [3, 2]
