@@ -41,7 +41,7 @@ def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
     28x28 images reaches a 1x1 map), and one image would otherwise weigh as much as a batch.
     """
     bounds = [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
-    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+    if batch_size > 1 and len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
         bounds[-2:] = [(bounds[-2][0], n)]
     return bounds
 
