@@ -77,8 +77,8 @@ class Client:
         model.train()
         total_ce, total_extra, seen = 0.0, 0.0, 0
         for epoch in range(cfg.train.local_epochs):
-            order = torch.randperm(len(self.train_y), generator=torch.Generator().manual_seed(
-                seeds.torch_seed(cfg.seed, seeds.SHUFFLE, self.comm.rank, round_index, epoch)))
+            order = torch.from_numpy(seeds.rng(cfg.seed, seeds.SHUFFLE, self.comm.rank, round_index, epoch)
+                                     .permutation(len(self.train_y)))
             for start, stop in batch_bounds(len(order), cfg.train.batch_size):
                 index = order[start:stop].to(self.device)
                 x, y = self.train_x[index], self.train_y[index]

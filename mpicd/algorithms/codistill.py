@@ -8,9 +8,9 @@ labelled with the teacher's expertise class. No parameters ever move.
 
 Two options reproduce the authors' code (both off by default):
 
-* ``teacher_per: batch``: each minibatch draws its own teacher (from a stream seeded by
-  (seed, round, rank)), so any client may be needed: every rank Allgathers its representation
-  (4 D sent, 4 N D received) instead of the point-to-point send.
+* ``teacher_per: batch``: each minibatch draws its own teacher t != rank (from the stream
+  (seed, BATCH_TEACHERS, round, rank), one draw per batch), so any client may be needed: every
+  rank Allgathers its representation (4 D sent, 4 N D received) instead of the point-to-point send.
 * ``classes: all``: the term covers every sample, against the teacher's mean feature of the
   sample's class; every rank Allgathers its C x D table of per-class means (4 C D sent,
   4 N C D received).
@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from ..config import ConfigError, spec
 from .. import seeds
 from .base import Algorithm, Batch, Context
+
+MEAN_CHUNK = 256  # images per forward pass when a teacher averages its features
 
 
 def teacher_assignment(seed: int, round_index: int, clients: int) -> np.ndarray:
@@ -73,8 +75,20 @@ class CoDistillation(Algorithm):
         self.received: dict[int, torch.Tensor] = {}   # teacher -> its (classes shared, D) means
         self.batch_teachers: np.random.Generator | None = None
 
+    def subset(self, round_index: int, c: int) -> torch.Tensor:
+        """Indices into this client's training set of the images it averages for class ``c``:
+        all of them, or k distinct ones drawn from the stream (seed, K_SUBSET, rank, round, c)."""
+        ctx = self.ctx
+        (index,) = torch.nonzero(ctx.train_y == c, as_tuple=True)
+        if self.params.k == "all":
+            return index
+        pick = seeds.rng(ctx.seed, seeds.K_SUBSET, ctx.rank, round_index, c).choice(
+            len(index), size=self.params.k, replace=False)
+        return index[torch.as_tensor(np.sort(pick), device=index.device)]
+
     def class_means(self, round_index: int) -> np.ndarray:
-        """(classes shared, D): eval-mode mean feature of k random images of each shared class."""
+        """(classes shared, D): eval-mode mean feature of each shared class's :meth:`subset`
+        (in chunks of MEAN_CHUNK images, so k = all fits in memory for any class size)."""
         ctx = self.ctx
         model = ctx.model
         was_training = model.training
@@ -82,12 +96,10 @@ class CoDistillation(Algorithm):
         rows = []
         with torch.no_grad():
             for c in self.shared_classes:
-                (index,) = torch.nonzero(ctx.train_y == c, as_tuple=True)
-                if self.params.k != "all":
-                    pick = seeds.rng(ctx.seed, seeds.ALGORITHM, ctx.rank, round_index, c).choice(
-                        len(index), size=self.params.k, replace=False)
-                    index = index[torch.as_tensor(np.sort(pick), device=index.device)]
-                rows.append(model.features(ctx.train_x[index]).mean(dim=0))
+                index = self.subset(round_index, c)
+                total = sum(model.features(ctx.train_x[index[i: i + MEAN_CHUNK]]).sum(dim=0)
+                            for i in range(0, len(index), MEAN_CHUNK))
+                rows.append(total / len(index))
         model.train(was_training)
         return np.ascontiguousarray(torch.stack(rows).cpu().numpy(), dtype=np.float32)
 
@@ -103,7 +115,7 @@ class CoDistillation(Algorithm):
         everyone = ctx.comm.allgather(self.class_means(round_index))
         self.received = {t: torch.from_numpy(everyone[t]).to(ctx.device) for t in range(ctx.size) if t != ctx.rank}
         if self.params.teacher_per == "batch":
-            self.batch_teachers = seeds.rng(ctx.seed, seeds.TEACHERS, round_index, ctx.rank)
+            self.batch_teachers = seeds.rng(ctx.seed, seeds.BATCH_TEACHERS, round_index, ctx.rank)
 
     def _send_to_students(self, round_index: int) -> None:
         """The method as published: the representation goes only to this round's students."""
@@ -115,15 +127,19 @@ class CoDistillation(Algorithm):
         ctx.comm.exchange([(int(s), mine) for s in students], [(teacher, received)], tag=round_index % 32768)
         self.received = {teacher: torch.from_numpy(received).to(ctx.device)}
 
+    def batch_teacher(self) -> int:
+        """The teacher of the next minibatch: t(rank), or with ``teacher_per: batch`` a fresh
+        uniform draw among the other clients (one draw per call)."""
+        rank = self.ctx.rank
+        if self.batch_teachers is None:
+            return int(self.teachers[rank])
+        draw = int(self.batch_teachers.integers(0, self.ctx.size - 1))
+        return draw + (draw >= rank)
+
     def extra_loss(self, batch: Batch) -> torch.Tensor | None:
         if not self.received or self.params.lambda_ == 0.0:
             return None
-        rank = self.ctx.rank
-        if self.batch_teachers is not None:
-            draw = int(self.batch_teachers.integers(0, self.ctx.size - 1))
-            teacher = draw + (draw >= rank)
-        else:
-            teacher = int(self.teachers[rank])
+        teacher = self.batch_teacher()
         means = self.received[teacher]
         if self.params.classes == "all":
             return self.params.lambda_ * F.mse_loss(batch.features, means[batch.y])

@@ -11,11 +11,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from mpicd import seeds
 from mpicd.config import ConfigError, DataConfig
 
 # Distinct random streams per split, so the validation draw never moves the held-out set.
-_HOLDOUT_STREAM = 0x686F6C64  # "hold"
-_VAL_STREAM = 0x76616C69      # "vali"
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,8 +98,8 @@ def stratified_split(y: np.ndarray, cfg: DataConfig, class_names: tuple[str, ...
     changes the test set. Every class keeps at least one case in each split, or it is an error
     naming ``source``.
     """
-    test_rng = np.random.default_rng(np.random.SeedSequence([cfg.split_seed, _HOLDOUT_STREAM]))
-    val_rng = np.random.default_rng(np.random.SeedSequence([cfg.split_seed, _VAL_STREAM]))
+    test_rng = seeds.rng(cfg.split_seed, seeds.HOLDOUT)
+    val_rng = seeds.rng(cfg.split_seed, seeds.VAL)
     train, val, test = [], [], []
     for c, name in enumerate(class_names):
         idx = test_rng.permutation(np.flatnonzero(y == c))
