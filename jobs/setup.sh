@@ -13,12 +13,22 @@ TORCH_PIN="torch==2.14.1 torchvision==0.29.1"
 
 log() { printf '[setup] %s\n' "$*"; }
 
-# 1. System packages (skipped when present).
-if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null || [ ! -d "$HDF5_DIR/include" ]; then
-  log "installing Open MPI and parallel HDF5 (apt)"
+# 1. System packages (skipped when present): Open MPI, parallel HDF5, and Slurm + munge for the
+#    tests' throw-away cluster (tests/slurm_cluster.py starts its own daemons). apt must not start
+#    any daemon: a policy-rc.d that says no is in place while it runs (unless the site has one).
+have() { PATH="$PATH:/usr/sbin:/sbin" command -v "$1" >/dev/null; }
+if ! have mpicc || ! have mpirun || [ ! -d "$HDF5_DIR/include" ] \
+   || ! have slurmctld || ! have slurmd || ! have sbatch || ! have munged; then
+  log "installing Open MPI, parallel HDF5, Slurm and munge (apt)"
   export DEBIAN_FRONTEND=noninteractive
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+    chmod 755 /usr/sbin/policy-rc.d
+  fi
   apt-get update -qq
-  apt-get install -y -qq libhdf5-openmpi-dev openmpi-bin libopenmpi-dev pkg-config >/dev/null
+  apt-get install -y -qq libhdf5-openmpi-dev openmpi-bin libopenmpi-dev pkg-config \
+    slurmctld slurmd slurm-client munge >/dev/null
 fi
 
 # 2. Stamp: what this environment was built from. Unchanged -> nothing to do.

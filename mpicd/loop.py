@@ -223,6 +223,9 @@ def run(plan: Plan, comm, placement, out: str | Path, log: Callable[[str], None]
             checkpoint.save(checkpoint.folder_for(out), comm.rank, r + 1, _state(plan, client, ledger))
         if stop:
             writer.close()
+            # srun --kill-on-bad-exit ends every rank once one exits with 75: nobody leaves before
+            # all have checkpointed and closed the file (a barrier moves no payload bytes).
+            comm.mpi.Barrier()
             if comm.rank == 0:
                 log(f"mpicd: stopped on request after round {r + 1}; resume with --resume")
             return Outcome(r + 1, True)

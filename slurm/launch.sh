@@ -1,10 +1,77 @@
-# Sourced by the batch scripts: the project's venv on PATH and `launch`, one task per client.
+# Sourced by the batch scripts (after `cd` to the project folder): the venv, thread counts, and
+#   require_ntasks N WHAT   stop (exit 2) unless this job has N tasks, naming --ntasks
+#   config_clients ARGS...  the `clients` of `mpicd run ARGS...` (exit 2 on a bad config)
+#   launch ARGS...          `python -m mpicd ARGS...` on every task, with srun or mpirun
+# launch runs the launcher in the background and waits, so that a SIGUSR1 from Slurm (the
+# scripts ask for one 120 s before the time limit) is forwarded to the ranks; they finish their
+# round, checkpoint and exit with 75, and the job requeues itself to resume from there.
 if [ -f .venv/bin/activate ]; then source .venv/bin/activate; fi
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
-launch() {
-  if [ "${MPICD_LAUNCHER:-srun}" = mpirun ]; then
-    mpirun -n "${SLURM_NTASKS:?}" "$@"
-  else
-    srun ${MPICD_SRUN_ARGS:-} "$@"
+resume=(${MPICD_RESUME_FLAG---resume})  # always resume: a checkpoint if there is one, else a fresh start
+MPICD_STOPPED=75                           # the ranks' status for "checkpointed at a round boundary"
+
+require_ntasks() {
+  local have=${SLURM_NTASKS:-}
+  if [ -n "$have" ] && [ "$have" != "$1" ]; then
+    echo "mpicd: $2 needs $1 tasks, this job has $have (--ntasks=$have): submit it with sbatch --ntasks=$1" >&2
+    exit 2
   fi
+  MPICD_NTASKS=$1
+}
+
+config_clients() {
+  python - "$@" <<'PY'
+import sys
+from mpicd.cli import _parsers
+from mpicd.config import ConfigError, load_config
+args = _parsers()["run"].parse_intermixed_args(sys.argv[1:])
+try:
+    print(load_config(args.config, args.overrides).clients)
+except ConfigError as err:
+    print(f"mpicd: {err}", file=sys.stderr)
+    sys.exit(2)
+PY
+}
+
+launch() {
+  local launcher=${MPICD_LAUNCHER:-$([ -n "${SLURM_JOB_ID:-}" ] && echo srun || echo mpirun)} cmd rc
+  if [ "$launcher" = mpirun ]; then
+    cmd=(mpirun -n "${MPICD_NTASKS:?call require_ntasks first}" ${MPICD_MPIRUN_ARGS:-})
+  else
+    cmd=(srun ${MPICD_SRUN_ARGS:---mpi=pmix --kill-on-bad-exit=1})
+  fi
+  echo "mpicd: launching ${cmd[*]} python -m mpicd $*"
+  "${cmd[@]}" python -m mpicd "$@" &
+  _mpicd_pid=$! _mpicd_signalled=0
+  trap '_mpicd_forward USR1' USR1
+  trap '_mpicd_forward TERM' TERM INT
+  while :; do
+    wait "$_mpicd_pid" && rc=0 || rc=$?
+    if [ "$_mpicd_signalled" = 1 ] && [ "$rc" -gt 128 ]; then _mpicd_signalled=0; continue; fi  # wait was cut short
+    break
+  done
+  trap - USR1 TERM INT
+  if [ "$rc" = "$MPICD_STOPPED" ]; then
+    if [ -n "${SLURM_JOB_ID:-}" ]; then
+      echo "mpicd: the ranks checkpointed and stopped; requeueing job $SLURM_JOB_ID to resume" >&2
+      scontrol requeue "$SLURM_JOB_ID"
+    else
+      echo "mpicd: the ranks checkpointed and stopped; run the same command again to resume" >&2
+    fi
+  elif [ "$rc" != 0 ] && [ "$rc" != 2 ] && [ "$launcher" = mpirun ]; then
+    echo "mpicd: ${cmd[*]} exited with status $rc. If the ranks did not start, try MPICD_MPIRUN_ARGS" \
+         "(e.g. --oversubscribe, or --bind-to none), or, inside Slurm, srun: MPICD_LAUNCHER=srun." >&2
+  elif [ "$rc" != 0 ] && [ "$rc" != 2 ]; then
+    echo "mpicd: ${cmd[*]} exited with status $rc. If the ranks did not start (\"OMPI was not built with" \
+         "SLURM's PMI support\", PMI or PMIx errors), try MPICD_SRUN_ARGS=\"--mpi=pmix --kill-on-bad-exit=1\"" \
+         "or \"--mpi=pmi2 --kill-on-bad-exit=1\" (srun --mpi=list shows what this Slurm has; the MPI library" \
+         "must support it too), or Open MPI's mpirun inside the allocation: MPICD_LAUNCHER=mpirun." >&2
+  fi
+  return "$rc"
+}
+
+_mpicd_forward() {
+  _mpicd_signalled=1
+  echo "mpicd: SIG$1 received, passing it to the ranks" >&2
+  kill "-$1" "$_mpicd_pid" 2>/dev/null || true
 }

@@ -72,3 +72,23 @@ def baselines(request, tmp_path_factory):
 def rank_dumps(out: Path, variant: str, ranks: int) -> list[dict]:
     """The baselines driver's per-rank .npz dumps of one variant, as dicts."""
     return [dict(np.load(out / f"{variant}_rank{r}.npz")) for r in range(ranks)]
+
+
+@pytest.fixture(scope="session")
+def slurm(request, tmp_path_factory):
+    """A throw-away single-node Slurm (tests/slurm_cluster.py) for the session, stopped at its end."""
+    from slurm_cluster import SlurmCluster, missing_binaries
+
+    missing = missing_binaries()
+    reason = (f"Slurm is not installed (no {', '.join(missing)}): bash jobs/setup.sh installs it, as root" if missing
+              else "" if os.getuid() == 0 else "the test Slurm runs slurmd, which needs root")
+    if reason:
+        request.config.pluginmanager.get_plugin("terminalreporter").write_line(f"SKIPPED slurm tests: {reason}")
+        pytest.skip(reason)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except RuntimeError as err:
+        pytest.fail(f"could not start the test Slurm: {err}")
+    yield cluster
+    cluster.stop()

@@ -27,6 +27,15 @@ def test_cores_are_split_between_the_ranks_of_a_node():
     assert cpu_threads(4 * cores) == 1
 
 
+def test_threads_follow_slurm_cpus_per_task(monkeypatch):
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")  # sbatch --cpus-per-task=3: 3 threads whatever the node has
+    assert [cpu_threads(n) for n in (1, 4, 64)] == [3, 3, 3]
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "")
+    assert cpu_threads(4 * os.cpu_count()) == 1
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    assert cpu_threads(4 * os.cpu_count()) == 1
+
+
 def test_local_ranks_under_mpiexec(tmp_path):
     result = mpiexec(3, str(DRIVERS / "placement.py"), str(tmp_path), timeout=120)
     assert result.returncode == 0, result.stderr
