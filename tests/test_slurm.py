@@ -209,3 +209,84 @@ def test_scripts_run_outside_slurm_under_set_u(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "launching mpirun -n 2 python -m mpicd run" in done.stdout
     complete(out, 1)
+
+
+def wait_for(condition, timeout: float, what: str, pause: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(pause)
+
+
+def job_state(slurm, job: str) -> tuple[str, str]:
+    text = slurm.run("scontrol", "show", "job", job).stdout
+    state = re.search(r"JobState=(\S+)", text)
+    reason = re.search(r"Reason=(\S+)", text)
+    return (state.group(1) if state else "GONE"), (reason.group(1) if reason else "")
+
+
+def follow_requeue(slurm, job: str, log: Path, timeout: float = JOB_TIMEOUT) -> None:
+    """Wait until the requeued job has run again and finished; lift Slurm's hold on a requeued
+    job (BeginTime). The first run's end passes through transient states, so wait for the
+    second launch in the (appended) log first."""
+    def finished() -> bool:
+        state, reason = job_state(slurm, job)
+        if state == "PENDING" and reason == "BeginTime":
+            slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+        relaunched = log.read_text().count("mpicd: launching") >= 2
+        return relaunched and state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "GONE")
+    wait_for(finished, timeout, f"job {job} to run again and finish after its requeue")
+
+
+@pytest.mark.slurm
+def test_usr1_near_the_time_limit_requeues_and_the_run_resumes_exactly(slurm, tmp_path):
+    """Slurm's --signal=B:USR1 reaches the batch script, which passes it to srun and the ranks:
+    they checkpoint at a round boundary and exit 75, the script requeues the job, the requeued
+    job resumes; the file equals an uninterrupted run's (timings aside)."""
+    from mpicd import checkpoint
+
+    from conftest import mpicd_run
+
+    args = [str(QUICKSTART), "clients=2", "rounds=300"]
+    reference = tmp_path / "reference.h5"
+    mpicd_run(2, *args[:1], reference, *args[1:], timeout=JOB_TIMEOUT)
+    out, log = tmp_path / "requeued.h5", tmp_path / "requeued.out"
+    _, job = sbatch(slurm, "--ntasks=2", f"--output={log}", "slurm/mpicd.sbatch", *args, "--out", str(out),
+                    env=job_env(slurm), wait=False)
+    folder = checkpoint.folder_for(out)
+    wait_for(lambda: all(checkpoint.available(folder, r) and max(checkpoint.available(folder, r)) >= 3
+                         for r in (0, 1)), JOB_TIMEOUT, "the third round's checkpoint")
+    signalled = slurm.run("scancel", "--signal=USR1", "--batch", job)  # what --signal=B:USR1@120 does
+    assert signalled.returncode == 0, signalled.stderr
+    follow_requeue(slurm, job, log)
+    text = log.read_text()
+    assert job_state(slurm, job)[0] == "COMPLETED", text
+    assert "passing it to the ranks" in text and "requeueing job" in text, text
+    assert re.search(r"resuming at round (\d+)", text), text
+    a, b = Results(out), Results(reference)
+    assert a.completed_rounds == b.completed_rounds == 300
+    for name in a.metrics:
+        if name not in ("comm_seconds", "compute_seconds"):
+            np.testing.assert_array_equal(a.metrics[name], b.metrics[name], err_msg=name)
+    np.testing.assert_array_equal(a.bytes_sent_by_kind, b.bytes_sent_by_kind)
+    assert len(a.attrs["resumed_at"]) == 1 and 3 <= a.attrs["resumed_at"][0] < 300
+
+
+@pytest.mark.slurm
+def test_pack_runs_a_sweep_in_one_allocation(slurm, tmp_path):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"config": str(QUICKSTART), "output_dir": str(tmp_path / "out"), "grid": {
+        "algorithm": [{"name": "local"}, {"name": "fedavg"}, {"name": "codistill"}],
+        "clients": [2], "rounds": [2], "seed": [0, 1]}}))
+    rc, job = sbatch(slurm, "--ntasks=4", f"--output={tmp_path}/%j.out", "slurm/pack.sbatch", str(sweep),
+                     env=job_env(slurm))
+    log = (tmp_path / f"{job}.out").read_text()
+    assert rc == 0, log
+    assert "launching srun --mpi=pmix --kill-on-bad-exit=1 python -m mpicd pack" in log, log
+    assert "6 pending; 4 ranks = 2 groups of 2" in log, log
+    for path in sweep_outputs(sweep):
+        complete(path, 2)
+    rc, job = sbatch(slurm, "--ntasks=4", f"--output={tmp_path}/%j.out", "slurm/pack.sbatch", str(sweep),
+                     env=job_env(slurm))
+    log = (tmp_path / f"{job}.out").read_text()
+    assert rc == 0 and "0 pending" in log, log
