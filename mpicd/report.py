@@ -433,6 +433,12 @@ def _panels(plt, blocks: list[Setting], ylabel: str):
     return fig, axes[0]
 
 
+def _band(ax, x, mean: np.ndarray, sd: np.ndarray, label: str) -> None:
+    """A mean line with a shaded ±sd band in the line's colour."""
+    line, = ax.plot(x, mean, marker="o" if len(x) < 20 else None, label=label)
+    ax.fill_between(x, mean - sd, mean + sd, color=line.get_color(), alpha=0.2)
+
+
 def _save(fig, plt, path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -449,8 +455,7 @@ def plot(cells: dict[Cell, list[RunSummary]], path: str | Path, metric: str = "m
             skews = sorted(row, key=_order)
             mean = np.array([np.mean([r.scores[metric] for r in row[s]]) for s in skews])
             sd = np.array([_sd([r.scores[metric] for r in row[s]]) for s in skews])
-            line, = ax.plot(skews, mean, marker="o", label=label)
-            ax.fill_between(skews, mean - sd, mean + sd, color=line.get_color(), alpha=0.2)
+            _band(ax, skews, mean, sd, label)
         ax.set_xlabel("skew")
         ax.legend(fontsize="small")
     _save(fig, plt, path)
@@ -471,8 +476,7 @@ def plot_rounds(cells: dict[Cell, list[RunSummary]], path: str | Path, metric: s
                 mean = np.nanmean(table, axis=0)
                 sd = np.array([_sd(list(col[~np.isnan(col)])) for col in table.T])
                 x = np.arange(1, table.shape[1] + 1)
-                line, = ax.plot(x, mean, label=f"{label}, s={fmt(s)}")
-                ax.fill_between(x, mean - sd, mean + sd, color=line.get_color(), alpha=0.2)
+                _band(ax, x, mean, sd, f"{label}, s={fmt(s)}")
         ax.set_xlabel("round")
         ax.legend(fontsize="small")
     _save(fig, plt, path)

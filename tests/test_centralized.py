@@ -21,7 +21,7 @@ def test_every_rank_trains_on_the_union_and_is_evaluated_on_the_held_out_set():
     for rank in (0, 3):
         client = Client(plan, types.SimpleNamespace(rank=rank, size=4), "cpu")
         np.testing.assert_array_equal(client.train_y.numpy(), plan.dataset.train.y[union])
-        np.testing.assert_array_equal(client.test_y, plan.dataset.test.y)
+        np.testing.assert_array_equal(client.eval_sets["test"][1], plan.dataset.test.y)
         assert client.expertise_class == plan.partition.expertise[rank]  # scored on its client's minority class
 
 

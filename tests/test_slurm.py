@@ -231,7 +231,10 @@ def follow_requeue(slurm, job: str, log: Path, timeout: float = JOB_TIMEOUT) -> 
     second launch in the (appended) log first."""
     def finished() -> bool:
         state, reason = job_state(slurm, job)
-        if state == "PENDING" and reason == "BeginTime":
+        # Slurm delays a requeued job so that its previous step can be cleaned up; lift the delay
+        # only once nothing of the previous run is left (else the new step may abort at launch).
+        if state == "PENDING" and reason == "BeginTime" and not job_processes(job):
+            time.sleep(2)
             slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
         relaunched = log.read_text().count("mpicd: launching") >= 2
         return relaunched and state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "GONE")

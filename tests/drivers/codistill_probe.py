@@ -30,7 +30,9 @@ PNEUMONIA_CONFIG = ROOT / "configs" / "pneumoniamnist.yaml"
 # name -> (config, overrides, rounds, rounds whose model state is dumped)
 VARIANTS = {
     "round_all": (QUICKSTART, ["algorithm={name: codistill, lambda: 0.5}"], 2, None),
-    "round_k5": (QUICKSTART, ["algorithm={name: codistill, lambda: 0.5, k: 5}", "train.batch_size=4"], 2, None),
+    # skew 0 and batches of 4: batches with none, some and only images of the teacher's class all occur
+    "round_k5": (QUICKSTART, ["algorithm={name: codistill, lambda: 0.5, k: 5}", "train.batch_size=4",
+                              "data.skew=0.0"], 2, None),
     "batch_k5": (QUICKSTART, ["algorithm={name: codistill, lambda: 2.0, k: 5, teacher_per: batch}",
                               "train.batch_size=4"], 3, None),
     "classes_all_k3": (QUICKSTART, ["algorithm={name: codistill, k: 3, classes: all}"], 2, None),
