@@ -2,18 +2,38 @@
 # Run every pending run of a sweep file, one after another, on this workstation.
 #   bash jobs/sweep.sh configs/sweep-pneumoniamnist.yaml
 # Finished runs (results file with all rounds) are skipped, so re-running resumes. A failed run
-# is reported and the sweep goes on; the exit status says whether any failed.
+# is reported and the sweep goes on; the exit status says whether any failed. Before and after
+# each run a line shows the progress: run i of N pending, finished/failed, elapsed, time left.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 sweep=${1:?usage: jobs/sweep.sh SWEEP.yaml}
 mpicd() { .venv/bin/python -m mpicd "$@"; }
+duration() {  # seconds -> 12s, 4m05s, 3h07m (as mpicd.sweep.duration)
+  local s=$1
+  if ((s < 60)); then echo "${s}s"; elif ((s < 3600)); then printf '%dm%02ds\n' $((s / 60)) $((s % 60))
+  else printf '%dh%02dm\n' $((s / 3600)) $((s % 3600 / 60)); fi
+}
+progress() {  # as mpicd.sweep.progress: time left = mean seconds of the runs ended x runs not ended
+  local ended=$((finished + ${#failed[@]})) left="time left unknown"
+  ((ended > 0)) && left="about $(duration $(((run_seconds * (total - ended) + ended / 2) / ended))) left"
+  echo "$finished of $total finished, ${#failed[@]} failed; $(duration $((SECONDS - started))) elapsed, $left"
+}
 pending=$(mpicd sweep "$sweep" --pending) || exit 2
-failed=()
-for i in $pending; do
-  ranks=$(mpicd sweep "$sweep" --ranks "$i") || exit 2
-  eval "args=($(mpicd sweep "$sweep" --args "$i"))"
-  echo "=== run $i: ${args[*]}"
-  bash jobs/mpirun.sh "$ranks" "${args[@]}" || failed+=("$i")
+total=$(echo "$pending" | wc -w)
+failed=() finished=0 run_seconds=0 started=$SECONDS i=0
+for run in $pending; do
+  i=$((i + 1))
+  ranks=$(mpicd sweep "$sweep" --ranks "$run") || exit 2
+  eval "args=($(mpicd sweep "$sweep" --args "$run"))"
+  echo "=== run $run ($i of $total pending; $(progress)): ${args[*]}"
+  began=$SECONDS
+  if bash jobs/mpirun.sh "$ranks" "${args[@]}"; then
+    finished=$((finished + 1)) outcome="finished"
+  else
+    status=$? failed+=("$run") outcome="failed (exit $status)"
+  fi
+  run_seconds=$((run_seconds + SECONDS - began))
+  echo "--- run $run $outcome in $(duration $((SECONDS - began))) ($(progress))"
 done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "failed runs: ${failed[*]}" >&2

@@ -1,14 +1,16 @@
-"""Command line: ``mpicd run | check | report | sweep``. Argument parsing and exit codes only."""
+"""Command line: ``mpicd run | check | config | report | sweep | pack``; argument parsing and exit codes only."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable, TypeVar
 
 import yaml
 
-from .config import ConfigError, load_config
+from . import __version__
+from .config import Config, ConfigError, KeyDoc, describe, inline, load_config
 
 T = TypeVar("T")
 EXIT_BAD_INPUT = 2
@@ -54,17 +56,27 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     pack = argparse.ArgumentParser(prog="mpicd pack", description="run a sweep's pending runs in one MPI job: "
                                    "mpirun -n M mpicd pack SWEEP (groups of each run's client count)")
     pack.add_argument("sweep", help="sweep YAML: config, output_dir, grid")
-    return {"run": run, "check": check, "report": report, "sweep": sweep, "pack": pack}
+    config = argparse.ArgumentParser(prog="mpicd config", description="print the default config: every key "
+                                     "with its default, allowed values and meaning (valid YAML to start from)")
+    config.add_argument("--algorithm", metavar="NAME", help="show this algorithm's own keys (default: codistill)")
+    config.add_argument("--markdown", action="store_true", help="every key of every algorithm as the README's "
+                        "Markdown tables")
+    return {"run": run, "check": check, "config": config, "report": report, "sweep": sweep, "pack": pack}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parsers = _parsers()
+    if argv[:1] in (["--version"], ["-V"]):
+        print(f"mpicd {__version__}")
+        return 0
     if not argv or argv[0] not in parsers:
-        print(f"usage: mpicd {{{','.join(parsers)}}} ...  (mpicd COMMAND --help for more)", file=sys.stderr)
+        print(f"usage: mpicd {{{','.join(parsers)}}} ...  (mpicd COMMAND --help for more; mpicd --version)",
+              file=sys.stderr)
         return EXIT_BAD_INPUT
     args = parsers[argv[0]].parse_intermixed_args(argv[1:])
-    return {"check": check, "run": run, "report": report, "sweep": sweep, "pack": pack}[argv[0]](args)
+    commands = {"check": check, "config": config, "run": run, "report": report, "sweep": sweep, "pack": pack}
+    return commands[argv[0]](args)
 
 
 def pack(args: argparse.Namespace) -> int:
@@ -89,6 +101,70 @@ def check(args: argparse.Namespace) -> int:
                                cfg.model.feature_dim, cfg.model.hidden)))
     print(partition_table(plan))
     return 0
+
+
+def config(args: argparse.Namespace) -> int:
+    from .algorithms import REGISTRY
+
+    if args.markdown:
+        print(config_tables())
+        return 0
+    name = args.algorithm or Config().algorithm["name"]
+    if name not in REGISTRY:
+        print(f"mpicd: --algorithm must be one of {', '.join(REGISTRY)}, got {name!r}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(default_config(name))
+    return 0
+
+
+def _algorithm_rows(name: str) -> list[KeyDoc]:
+    """The ``algorithm`` section with ``name`` chosen: the name, then that algorithm's own keys."""
+    from .algorithms import REGISTRY
+
+    return [KeyDoc("algorithm.name", name, " | ".join(REGISTRY), "the method; algorithm=NAME selects one with "
+                   "its defaults"), *describe(REGISTRY[name].Params, "algorithm.")]
+
+
+def default_config(name: str) -> str:
+    """The default config with algorithm ``name`` as YAML, each key commented with its allowed values and doc."""
+    from .algorithms import REGISTRY
+
+    rows = describe(Config) + _algorithm_rows(name)
+    lines = [f"# mpicd {__version__}: the default configuration (algorithm {name}); after each key: allowed "
+             "values; meaning.",
+             f"# Another algorithm's keys: mpicd config --algorithm NAME, NAME one of {', '.join(REGISTRY)}.",
+             "# On the command line: dotted key=value overrides, e.g. train.lr=1e-3 or algorithm=fedavg."]
+    entries, section = [], ""
+    for row in rows:
+        head, _, leaf = row.key.rpartition(".")
+        if head != section:
+            entries.append((f"{head}:", ""))
+            section = head
+        comment = f"{row.allowed}; {row.doc}" if row.doc else row.allowed
+        entries.append((f"{'  ' if head else ''}{leaf}: {inline(row.default)}", comment))
+    width = max(len(text) for text, _ in entries) + 2
+    lines += [f"{text:<{width}}# {comment}" if comment else text for text, comment in entries]
+    return "\n".join(lines)
+
+
+def config_tables() -> str:
+    """The README's configuration tables (``mpicd config --markdown``): every key, then every algorithm's keys."""
+    from .algorithms import REGISTRY
+
+    def row(*cells: str) -> str:
+        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+    def described(key: str, r: KeyDoc) -> str:
+        return row(key, f"`{inline(r.default)}`", r.allowed, r.doc)
+
+    lines = [row("key", "default", "allowed values", "meaning"), row(*["---"] * 4)]
+    lines += [described(f"`{r.key}`", r) for r in describe(Config) + _algorithm_rows(Config().algorithm["name"])[:1]]
+    lines += ["", row("`algorithm.name`", "key", "default", "allowed values", "meaning"), row(*["---"] * 5)]
+    for name, cls in REGISTRY.items():
+        keys = describe(cls.Params)
+        lines += [row(f"`{name}`", f"`{r.key}`", f"`{inline(r.default)}`", r.allowed, r.doc) for r in keys] or [
+            row(f"`{name}`", "–", "", "", "no keys of its own")]
+    return "\n".join(lines)
 
 
 def report(args: argparse.Namespace) -> int:
@@ -187,15 +263,18 @@ def partition_table(plan) -> str:
 def run(args: argparse.Namespace) -> int:
     from . import signals
     from .comm import Comm
-    from .loop import placement_row, run as run_rounds
-    from .plan import prepare
-    from .runtime import abort_on_exception, place
+    from .runtime import abort_on_exception
 
     stop = signals.install()
     comm = Comm()
     with abort_on_exception(comm.mpi):
-        try:
-            plan = agreed(comm, lambda: prepare(_config_for(comm, args)))
+        try:  # the config and the rank count first: a wrong -n / --ntasks fails before torch or the data load
+            config = agreed(comm, lambda: _config_for(comm, args))
+            from .loop import placement_row, run as run_rounds
+            from .plan import prepare
+            from .runtime import place
+
+            plan = agreed(comm, lambda: prepare(config))
             placement = agreed(comm, lambda: place(comm.mpi, plan.config.device))
         except ConfigError:
             return EXIT_BAD_INPUT
@@ -224,9 +303,17 @@ def run(args: argparse.Namespace) -> int:
 def _config_for(comm, args):
     config = load_config(args.config, args.overrides)
     if config.clients != comm.size:
-        raise ConfigError("clients", f"the config has {config.clients} clients but the job has "
-                                     f"{comm.size} MPI ranks: run mpirun -n {config.clients}, or set clients={comm.size}")
+        raise ConfigError("clients", f"the config has {config.clients} clients but the job has {comm.size} MPI "
+                                     f"ranks: {launch_hint(config.clients)}, or set clients={comm.size}")
     return config
+
+
+def launch_hint(ranks: int, env: dict | None = None) -> str:
+    """How to start ``ranks`` ranks with the launcher in use: Slurm's task count, else mpirun's -n."""
+    env = os.environ if env is None else env
+    if "SLURM_JOB_ID" in env:
+        return f"submit with sbatch --ntasks={ranks} (inside an allocation: srun -n {ranks})"
+    return f"run mpirun -n {ranks}"
 
 
 def agreed(comm, step: Callable[[], T]) -> T:

@@ -1,4 +1,4 @@
-"""The one place where bytes cross MPI, and the ledger that counts them.
+"""The one place where bytes cross MPI, and the ledger that counts them (its types, free of MPI, in ledger.py).
 
 Every transfer of mpicd goes through :class:`Comm`: point-to-point exchanges (Isend/Irecv +
 Waitall), Allreduce, Allgather and Bcast on contiguous numpy buffers via mpi4py's uppercase
@@ -22,12 +22,11 @@ Traffic outside a round (start-up agreement, results fallback gather) is counted
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
 
-KINDS = ("p2p", "allreduce", "allgather", "bcast")
+from .ledger import KINDS, Ledger, Traffic  # noqa: F401  (KINDS, Traffic: re-exported)
 
 _MPI_TYPES = {
     np.dtype(np.float32): MPI.FLOAT,
@@ -36,50 +35,6 @@ _MPI_TYPES = {
     np.dtype(np.int64): MPI.INT64_T,
     np.dtype(np.uint8): MPI.UNSIGNED_CHAR,
 }
-
-
-@dataclass
-class Traffic:
-    """Bytes and seconds of one rank over some span, split by kind of operation."""
-
-    bytes_sent: dict = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
-    bytes_recv: dict = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
-    seconds: float = 0.0
-
-    def add(self, kind: str, sent: int, recv: int, seconds: float) -> None:
-        self.bytes_sent[kind] += int(sent)
-        self.bytes_recv[kind] += int(recv)
-        self.seconds += seconds
-
-    @property
-    def total_sent(self) -> int:
-        return sum(self.bytes_sent.values())
-
-    @property
-    def total_recv(self) -> int:
-        return sum(self.bytes_recv.values())
-
-
-class Ledger:
-    """Per-round accounting: ``begin_round`` opens a row, ``end_round`` closes and returns it."""
-
-    def __init__(self) -> None:
-        self.current: Traffic | None = None
-        self.outside_rounds = Traffic()
-
-    def begin_round(self) -> None:
-        if self.current is not None:
-            raise RuntimeError("ledger: begin_round called twice without end_round")
-        self.current = Traffic()
-
-    def end_round(self) -> Traffic:
-        if self.current is None:
-            raise RuntimeError("ledger: end_round without begin_round")
-        row, self.current = self.current, None
-        return row
-
-    def record(self, kind: str, sent: int, recv: int, seconds: float) -> None:
-        (self.current or self.outside_rounds).add(kind, sent, recv, seconds)
 
 
 def _buffer(array: np.ndarray) -> list:

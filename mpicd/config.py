@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -70,13 +72,13 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    optimizer: Literal["adam", "sgd"] = spec("adam")
-    lr: float = spec(1e-3, gt=0.0)
+    optimizer: Literal["adam", "sgd"] = spec("adam", doc="the local optimizer (the authors': adam)")
+    lr: float = spec(1e-3, gt=0.0, doc="learning rate")
     momentum: float = spec(0.9, ge=0.0, lt=1.0, doc="sgd only")
-    weight_decay: float = spec(0.0, ge=0.0)
-    batch_size: int = spec(32, ge=1)
+    weight_decay: float = spec(0.0, ge=0.0, doc="L2 penalty of the optimizer")
+    batch_size: int = spec(32, ge=1, doc="training minibatch size (a trailing batch of one is merged)")
     local_epochs: int = spec(1, ge=1, doc="local epochs per round")
-    eval_batch_size: int = spec(512, ge=1)
+    eval_batch_size: int = spec(512, ge=1, doc="evaluation batch size (operational: memory and speed)")
 
 
 @dataclass
@@ -98,14 +100,15 @@ class Config:
     """The whole experiment. ``algorithm`` stays a mapping here; the registry validates it."""
 
     clients: int = spec(4, ge=1, doc="number of clients = number of MPI ranks")
-    rounds: int = spec(20, ge=1)
-    seed: int = spec(0, ge=0)
+    rounds: int = spec(20, ge=1, doc="communication rounds")
+    seed: int = spec(0, ge=0, doc="run seed: partition, initialisation, teachers, batches")
     device: Literal["auto", "cpu", "cuda"] = spec("auto", doc="auto: one GPU per rank where there are GPUs, else CPU")
     output: str = spec("results/run.h5", doc="results file (HDF5); --out overrides")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    algorithm: dict = field(default_factory=lambda: {"name": "codistill"})
+    algorithm: dict = field(default_factory=lambda: {"name": "codistill"},
+                            metadata={"doc": "the method and its own keys (mpicd config --algorithm NAME)"})
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
@@ -152,12 +155,16 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         raise ConfigError(key, f"must be true or false, got {value!r}")
     if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+        number = _number(value)
+        if isinstance(number, (float, Decimal)) and math.isfinite(number) and number == int(number):
+            number = int(number)  # a whole number: 5e4, 32.0
+        if isinstance(number, int) and not isinstance(number, bool):
+            return number
         raise ConfigError(key, f"must be an integer, got {value!r}")
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
+        number = _number(value)
+        if isinstance(number, (int, float, Decimal)) and not isinstance(number, bool) and math.isfinite(number):
+            return float(number)
         raise ConfigError(key, f"must be a finite number, got {value!r}")
     if tp is str:
         if isinstance(value, str):
@@ -172,6 +179,15 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise TypeError(f"unsupported config type {tp!r} for {key}")
 
 
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _number(value: Any) -> Any:
+    """``"1e-3"`` -> Decimal("1e-3"): PyYAML (YAML 1.1) reads a number without a dot, or with an
+    unsigned exponent, as a string, but everyone types them; other values pass through unchanged."""
+    return Decimal(value.strip()) if isinstance(value, str) and _NUMBER.fullmatch(value.strip()) else value
+
+
 def _check_bounds(value: Any, meta: typing.Mapping, key: str) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
@@ -182,10 +198,11 @@ def _check_bounds(value: Any, meta: typing.Mapping, key: str) -> None:
             raise ConfigError(key, f"must be {sign} {meta[name]}, got {value!r}")
 
 
-def from_mapping(cls: type, mapping: Any, prefix: str = "") -> Any:
+def from_mapping(cls: type, mapping: Any, prefix: str = "", also_known: typing.Sequence[str] = ()) -> Any:
     """Build dataclass ``cls`` from a mapping, rejecting unknown keys and bad values.
 
     A field named ``lambda_`` is spelt ``lambda`` in YAML (Python reserves the word).
+    ``also_known``: keys the caller takes out of the mapping first (named in the unknown-key message).
     """
     if mapping is None:
         mapping = {}
@@ -196,8 +213,9 @@ def from_mapping(cls: type, mapping: Any, prefix: str = "") -> Any:
     unknown = sorted(set(mapping) - set(fields))
     if unknown:
         where = f"{prefix}." if prefix else ""
-        raise ConfigError(f"{where}{unknown[0]}",
-                          f"unknown key (known keys here: {', '.join(sorted(fields))})")
+        known = sorted({*fields, *also_known})
+        allowed = f"known keys here: {', '.join(known)}" if known else "no keys are allowed here"
+        raise ConfigError(f"{where}{unknown[0]}", f"unknown key ({allowed})")
     values = {}
     for yaml_name, f in fields.items():
         key = f"{prefix}.{yaml_name}" if prefix else yaml_name
@@ -220,10 +238,92 @@ def to_mapping(obj: Any) -> Any:
     return obj
 
 
+# --------------------------------------------------------------------------- description
+
+@dataclass(frozen=True)
+class KeyDoc:
+    """One key as ``mpicd config`` and the README's table show it."""
+
+    key: str        # dotted, as written in YAML
+    default: Any
+    allowed: str
+    doc: str
+
+
+def inline(value: Any) -> str:
+    """A value as one line of YAML, as the override parser reads it back."""
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()
+
+
+def _allowed(tp: Any, meta: typing.Mapping) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(inline(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_allowed(a, meta) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_allowed(typing.get_args(tp)[0], {})}s"
+    if tp in (int, float):
+        low = next(((f"[{meta[b]:g}", f">= {meta[b]:g}") if b == "ge" else (f"({meta[b]:g}", f"> {meta[b]:g}")
+                    for b in ("ge", "gt") if b in meta), None)
+        high = next(((f"{meta[b]:g}]", f"<= {meta[b]:g}") if b == "le" else (f"{meta[b]:g})", f"< {meta[b]:g}")
+                     for b in ("le", "lt") if b in meta), None)
+        name = "integer" if tp is int else "number"
+        if low and high:
+            return f"{name} in {low[0]}, {high[0]}"
+        return " ".join([name, *(bound[1] for bound in (low, high) if bound)])
+    return {bool: "true | false", str: "string", type(None): "null"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def describe(cls: type, prefix: str = "") -> list[KeyDoc]:
+    """Every key of dataclass ``cls`` with its default, allowed values and doc, sections recursively.
+
+    A mapping-valued field (``Config.algorithm``) is left out: its keys belong to the chosen algorithm.
+    """
+    hints = typing.get_type_hints(cls)
+    rows: list[KeyDoc] = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name.rstrip('_')}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            rows += describe(hints[f.name], f"{key}.")
+        elif hints[f.name] is not dict:
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            rows.append(KeyDoc(key, default, _allowed(hints[f.name], f.metadata), f.metadata.get("doc", "")))
+    return rows
+
+
 # --------------------------------------------------------------------------- loading
 
+# Config groups, as in Hydra: ``algorithm=fedavg`` (or ``algorithm: fedavg`` in a file) selects that
+# entry with its defaults, i.e. the section becomes {name: fedavg}; a mapping replaces the section.
+GROUPS = ("data", "model", "algorithm")
+
+
+def _select_group(key: str, value: Any) -> Any:
+    return {"name": value} if key in GROUPS and isinstance(value, str) else value
+
+
+def _check_method_switch(section: Any, name: Any) -> None:
+    """``algorithm.name=X`` keeps the section's other keys: refuse those X does not have, naming ``algorithm=X``."""
+    if not isinstance(section, dict) or section.get("name", name) == name or set(section) <= {"name"}:
+        return
+    from .algorithms import REGISTRY  # here, not at the top: the registry imports this module (and torch)
+
+    if name not in REGISTRY:
+        return  # the registry's own check names the valid methods
+    own = {f.name.rstrip("_") for f in dataclasses.fields(REGISTRY[name].Params)}
+    foreign = sorted(set(section) - {"name"} - own)
+    if foreign:
+        raise ConfigError("algorithm.name", f"{name} takes no {', '.join(foreign)} (left from {section['name']}): "
+                                            f"to switch method, write algorithm={name} (its defaults) or "
+                                            f"algorithm={{name: {name}, ...}}")
+
+
 def apply_override(tree: dict, assignment: str) -> None:
-    """Apply one ``dotted.key=value`` override in place; the value is parsed as YAML."""
+    """Apply one ``dotted.key=value`` override in place; the value is parsed as YAML.
+
+    ``section=NAME`` for a group (data, model, algorithm) selects NAME with its defaults.
+    """
     if "=" not in assignment:
         raise ConfigError(assignment, "an override must look like key=value, e.g. rounds=3")
     dotted, raw = assignment.split("=", 1)
@@ -234,13 +334,15 @@ def apply_override(tree: dict, assignment: str) -> None:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as err:
         raise ConfigError(dotted, f"cannot parse value {raw!r}: {err}") from None
+    if parts == ["algorithm", "name"]:
+        _check_method_switch(tree.get("algorithm"), value)
     node = tree
     for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
             raise ConfigError(".".join(parts[: i + 1]), "is not a section, cannot set a key inside it")
         node = child
-    node[parts[-1]] = value
+    node[parts[-1]] = _select_group(parts[0], value) if len(parts) == 1 else value
 
 
 def load_tree(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> dict:
@@ -256,10 +358,10 @@ def load_tree(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> 
             raise ConfigError("", f"config file {str(p)!r} is not valid YAML: {err}") from None
         if not isinstance(tree, dict):
             raise ConfigError("", f"config file {str(p)!r} must hold a mapping at the top level")
+        tree = {key: _select_group(key, value) for key, value in tree.items()}
     for assignment in overrides:
         apply_override(tree, assignment)
     return tree
-
 
 
 def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:

@@ -5,7 +5,9 @@ leader takes the next pending run from a counter on world rank 0 (one-sided ``Fe
 so no rank has to serve requests) and broadcasts it to its group, which runs it exactly as
 ``mpicd run --resume`` would, on the group's own communicator: its own ledger, its own
 collective results file. Finished runs are skipped and interrupted ones resume from their
-checkpoints, so a packed job that dies resumes too.
+checkpoints, so a packed job that dies resumes too. Each leader prints a line when its run starts
+and ends, with the job's progress: runs finished and failed over all groups (counted beside the
+run counter), time elapsed and an estimate of the time left.
 
 Placement is decided once on the whole world: the GPU by the rank's local rank on its node, CPU
 threads = the node's cores divided by all of the job's ranks on that node (or
@@ -25,7 +27,7 @@ from mpi4py import MPI
 
 from .comm import Comm
 from .config import ConfigError, load_config
-from .sweep import is_done, load_sweep
+from .sweep import duration, is_done, load_sweep, progress
 
 
 def _wait(request: MPI.Request, pause: float = 0.05) -> None:
@@ -35,20 +37,31 @@ def _wait(request: MPI.Request, pause: float = 0.05) -> None:
 
 
 class Counter:
-    """A shared integer on world rank 0; ``next()`` returns it and adds one, atomically."""
+    """Shared integers on world rank 0: the next run to take, and for progress lines the runs
+    finished, failed and their milliseconds; ``add`` adds to some and returns them, atomically."""
+
+    NEXT, FINISHED, FAILED, MILLISECONDS = range(4)
 
     def __init__(self, comm: MPI.Comm):
-        self.win = MPI.Win.Allocate(8 if comm.Get_rank() == 0 else 0, 8, comm=comm)
+        self.win = MPI.Win.Allocate(8 * 4 if comm.Get_rank() == 0 else 0, 8, comm=comm)
         if comm.Get_rank() == 0:
-            np.frombuffer(self.win.tomemory(), dtype=np.int64)[0] = 0
+            np.frombuffer(self.win.tomemory(), dtype=np.int64)[:] = 0
         comm.Barrier()  # the counter is zeroed before anyone fetches
 
-    def next(self) -> int:
-        one, value = np.ones(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    def add(self, **amounts: int) -> dict[str, int]:
+        """Add to the named slots (0: only read) under one lock; their values after the addition."""
+        names = list(amounts)
+        add = np.array([amounts[n] for n in names], dtype=np.int64)
+        before = np.zeros(len(names), dtype=np.int64)
         self.win.Lock(0, MPI.LOCK_EXCLUSIVE)
-        self.win.Fetch_and_op([one, MPI.INT64_T], [value, MPI.INT64_T], 0, 0, MPI.SUM)
-        self.win.Unlock(0)
-        return int(value[0])
+        for i, name in enumerate(names):
+            self.win.Fetch_and_op([add[i:i + 1], MPI.INT64_T], [before[i:i + 1], MPI.INT64_T], 0,
+                                  getattr(self, name.upper()), MPI.SUM)
+        self.win.Unlock(0)  # the fetched values are valid from here on
+        return {name: int(before[i] + add[i]) for i, name in enumerate(names)}
+
+    def next(self) -> int:
+        return self.add(next=1)["next"] - 1
 
     def free(self) -> None:
         self.win.Free()
@@ -81,6 +94,12 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
     group_mpi = world.mpi.Split(color, key=world.rank)
     counter = Counter(world.mpi)
     failed, stopped, started = [], False, time.perf_counter()
+
+    def tally(**ended: int) -> str:  # ended: finished=1 or failed=1 with the run's milliseconds, or nothing
+        n = counter.add(**{"finished": 0, "failed": 0, "milliseconds": 0, **ended})
+        return progress(n["finished"], n["failed"], count, time.perf_counter() - started, n["milliseconds"] / 1000,
+                        groups)
+
     if group_mpi != MPI.COMM_NULL:
         leader = group_mpi.Get_rank() == 0
         while not stopped:
@@ -90,19 +109,25 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
                 break
             run = runs[int(pending[slot[0]])]
             say = (lambda line, g=color, i=run.index: log(f"[group {g} run {i}] {line}")) if leader else (lambda line: None)
-            say(f"start ({slot[0] + 1} of {count} pending, {time.perf_counter() - started:.0f} s into the job): "
-                f"{' '.join(run.overrides)} -> {run.output}")
-            comm = Comm(group_mpi)  # a fresh ledger per run
+            if leader:
+                say(f"start ({slot[0] + 1} of {count} pending; {tally()}): {' '.join(run.overrides)} -> {run.output}")
+            comm, began = Comm(group_mpi), time.perf_counter()  # a fresh ledger per run
             try:
                 plan = agreed(comm, lambda: prepare(load_config(run.config, run.overrides)))
                 outcome = run_rounds(plan, comm, placement, run.output, log=say, resume=True,
                                      stop_requested=stop_requested)
             except ConfigError as err:
-                say(f"failed: {err}")
                 failed.append(run.index)
+                if leader:
+                    took = time.perf_counter() - began
+                    say(f"failed after {duration(took)}: {err} ({tally(failed=1, milliseconds=round(1000 * took))})")
                 continue
             stopped = outcome.stopped
-            say("stopped on request; resubmit to resume" if stopped else "done")
+            if stopped:
+                say("stopped on request; resubmit to resume")
+            elif leader:
+                took = time.perf_counter() - began
+                say(f"done in {duration(took)} ({tally(finished=1, milliseconds=round(1000 * took))})")
         group_mpi.Free()
     _wait(world.mpi.Ibarrier())  # finished groups and idle ranks sleep until the last run ends
     counter.free()
@@ -126,12 +151,18 @@ def _check_sweep(runs: list, world_size: int) -> list:
     return runs
 
 
+def _print_line(line: str) -> None:
+    """One write per line (print writes the newline apart): the groups' lines never merge in mpirun's output."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main(sweep_path: str) -> int:
     from . import signals
     from .runtime import abort_on_exception
 
     stop = signals.install()
     with abort_on_exception(MPI.COMM_WORLD):
-        status = pack(sweep_path, log=lambda line: print(line, flush=True), stop_requested=stop)
+        status = pack(sweep_path, log=_print_line, stop_requested=stop)
     sys.stdout.flush()
     return status

@@ -37,12 +37,15 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import h5py
 import numpy as np
 
-from .comm import KINDS, Comm, Traffic
+from .ledger import KINDS, Traffic
+
+if TYPE_CHECKING:  # reading a file needs no MPI: only the writer is handed a Comm
+    from .comm import Comm
 
 
 
@@ -276,6 +279,29 @@ class Results:
     def __repr__(self) -> str:
         return (f"Results({str(self.path)!r}, algorithm={self.attrs.get('algorithm')!r}, "
                 f"clients={self.attrs.get('clients')}, completed_rounds={self.completed_rounds})")
+
+    def to_frame(self):
+        """The metrics as a tidy pandas DataFrame, for notebooks: columns algorithm, seed, round
+        (from 1), client, metric, value; a per-class metric is one metric per class, ``recall[c]``.
+
+        Needs pandas (``pip install 'mpicd[report]'``).
+        """
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("Results.to_frame needs pandas: pip install 'mpicd[report]'") from None
+        parts = []
+        for name, values in self.metrics.items():
+            per_metric = {name: values} if values.ndim == 2 else {
+                f"{name}[{c}]": values[:, :, c] for c in range(values.shape[2])}
+            for metric, array in per_metric.items():
+                rounds, clients = np.indices(array.shape)
+                parts.append(pd.DataFrame({"round": rounds.ravel() + 1, "client": clients.ravel(), "metric": metric,
+                                           "value": array.ravel().astype(np.float64)}))
+        frame = pd.concat(parts, ignore_index=True)
+        frame.insert(0, "seed", self.config.get("seed"))
+        frame.insert(0, "algorithm", self.attrs.get("algorithm"))
+        return frame
 
 
 def load(path: str | Path) -> Results:

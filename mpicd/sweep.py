@@ -9,7 +9,7 @@ A sweep file::
     config: pneumoniamnist.yaml          # relative to the sweep file
     output_dir: results/sweep            # relative to where you launch
     grid:                                # cartesian product, in this order
-      algorithm: [{name: codistill}, {name: fedavg}]
+      algorithm: [codistill, fedavg]     # each with its defaults; {name: fedavg, ...} sets keys
       data.skew: [0.0, 0.6, 0.9]
       seed: [0, 1, 2]
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from .algorithms import resolve
-from .config import ConfigError, load_config
+from .config import ConfigError, inline, load_config
 
 
 @dataclass(frozen=True)
@@ -37,13 +37,8 @@ class SweepRun:
     output: Path
 
 
-def _inline(value) -> str:
-    """A value as a one-line YAML flow scalar or mapping, as the override parser reads it back."""
-    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()
-
-
 def _label(key: str, value) -> str:
-    shown = value.get("name", _inline(value)) if isinstance(value, dict) else _inline(value)
+    shown = value.get("name", inline(value)) if isinstance(value, dict) else inline(value)
     return re.sub(r"[^A-Za-z0-9_.=-]+", "", f"{key.split('.')[-1]}={shown}")
 
 
@@ -66,7 +61,7 @@ def load_sweep(path: str | Path) -> list[SweepRun]:
             raise ConfigError(f"grid.{key}", f"must be a non-empty list of values in {path}")
     runs = []
     for index, values in enumerate(itertools.product(*(spec["grid"][k] for k in keys))):
-        overrides = tuple(f"{k}={_inline(v)}" for k, v in zip(keys, values))
+        overrides = tuple(f"{k}={inline(v)}" for k, v in zip(keys, values))
         try:
             config = load_config(base, overrides)
             resolve(config.algorithm)
@@ -75,6 +70,23 @@ def load_sweep(path: str | Path) -> list[SweepRun]:
         name = "_".join(_label(k, v) for k, v in zip(keys, values))
         runs.append(SweepRun(index, base, overrides, config.clients, config.rounds, output_dir / f"{index:04d}_{name}.h5"))
     return runs
+
+
+def duration(seconds: float) -> str:
+    """12s, 4m05s, 3h07m: times in progress lines."""
+    s = int(round(seconds))
+    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def progress(finished: int, failed: int, total: int, elapsed: float, run_seconds: float, parallel: int = 1) -> str:
+    """``3 of 6 finished, 0 failed; 1m02s elapsed, about 1m02s left`` (jobs/sweep.sh prints the same).
+
+    Time left = the mean time of the runs ended so far x the runs not ended / the runs going at once.
+    """
+    ended = finished + failed
+    left = (f"about {duration(run_seconds / ended * (total - ended) / parallel)} left" if ended
+            else "time left unknown")
+    return f"{finished} of {total} finished, {failed} failed; {duration(elapsed)} elapsed, {left}"
 
 
 def is_done(run: SweepRun) -> bool:

@@ -1,6 +1,8 @@
 """mpicd pack: a sweep's runs in one MPI job, the world split into groups; each packed run equals
 the same run launched alone, finished runs are skipped, a rank count below a run's size is refused."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -36,6 +38,14 @@ def test_every_run_is_done_once_by_two_groups(sweep, packed):
     assert len(starts) == len(runs)
     assert {line.split("]")[0].split()[-1] for line in starts} == {str(r.index) for r in runs}
     assert {line.split()[1] for line in starts} == {"0", "1"}  # both groups took work
+    t = r"(\d+s|\d+m\d\ds|\d+h\d\dm)"  # a duration: 12s, 4m05s, 3h07m
+    for line in starts:
+        assert re.search(rf"\] start \([1-6] of 6 pending; [0-5] of 6 finished, 0 failed; {t} elapsed, "
+                         rf"(about {t} left|time left unknown)\): ", line), line
+    done = [re.search(rf"\] done in {t} \(([1-6]) of 6 finished, 0 failed; {t} elapsed, about {t} left\)$", line)
+            for line in packed.stdout.splitlines() if "] done in " in line]
+    assert all(done) and sorted(int(m.group(2)) for m in done) == [1, 2, 3, 4, 5, 6]  # counted over both groups
+    assert "about 0s left)" in packed.stdout  # the last run to end leaves nothing
     for run in runs:
         assert Results(run.output).completed_rounds == 3
 
@@ -60,6 +70,7 @@ def test_a_second_pack_skips_the_finished_runs(sweep, packed):
     assert "1 pending; 5 ranks = 2 groups of 2 (1 idle)" in again.stdout
     starts = [line for line in again.stdout.splitlines() if "] start (" in line]
     assert len(starts) == 1 and f"run {runs[1].index}]" in starts[0]
+    assert "start (1 of 1 pending; 0 of 1 finished, 0 failed; " in starts[0] and "time left unknown" in starts[0]
     assert Results(runs[1].output).completed_rounds == 3
 
 

@@ -30,7 +30,7 @@ def resolve(section: dict) -> tuple[type[Algorithm], object]:
     if name not in REGISTRY:
         raise ConfigError("algorithm.name", f"must be one of {', '.join(sorted(REGISTRY))}, got {name!r}")
     cls = REGISTRY[name]
-    return cls, from_mapping(cls.Params, fields, "algorithm")
+    return cls, from_mapping(cls.Params, fields, "algorithm", also_known=("name",))
 
 
 __all__ = ["Algorithm", "Batch", "Context", "REGISTRY", "resolve"]

@@ -1,0 +1,38 @@
+"""The README's configuration tables are `mpicd config --markdown`: generated from the declarations
+the loader validates against, and they name every key the loader accepts."""
+
+import re
+
+from mpicd.algorithms import REGISTRY
+from mpicd.cli import config_tables
+from mpicd.config import Config, to_mapping
+
+from conftest import ROOT
+
+BEGIN, END = "<!-- mpicd config --markdown: begin -->", "<!-- mpicd config --markdown: end -->"
+
+
+def readme_tables() -> str:
+    text = (ROOT / "README.md").read_text()
+    assert text.count(BEGIN) == 1 and text.count(END) == 1, "README.md lost its table markers"
+    return text.split(BEGIN)[1].split(END)[0].strip("\n")
+
+
+def test_readme_configuration_tables_are_generated():
+    assert readme_tables() == config_tables(), "README.md is stale: paste `mpicd config --markdown` between the markers"
+
+
+def test_every_key_the_loader_accepts_is_in_the_tables():
+    def dotted(tree, prefix=""):
+        for key, value in tree.items():
+            yield from dotted(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
+
+    tables = readme_tables()
+    keys = set(dotted({k: v for k, v in to_mapping(Config()).items() if k != "algorithm"}))
+    assert len(keys) == 26
+    for key in keys | {"algorithm.name"}:
+        assert f"| `{key}` |" in tables, key
+    for name, cls in REGISTRY.items():
+        own = [f.name.rstrip("_") for f in cls.Params.__dataclass_fields__.values()]
+        rows = re.findall(rf"^\| `{name}` \| (`\w+`|–) \|", tables, flags=re.M)
+        assert rows == ([f"`{k}`" for k in own] or ["–"]), name
