@@ -42,22 +42,26 @@ class Counter:
 
     NEXT, FINISHED, FAILED, MILLISECONDS = range(4)
 
-    def __init__(self, comm: MPI.Comm):
-        self.win = MPI.Win.Allocate(8 * 4 if comm.Get_rank() == 0 else 0, 8, comm=comm)
-        if comm.Get_rank() == 0:
+    def __init__(self, comm: Comm):
+        self.ledger = comm.ledger
+        self.win = MPI.Win.Allocate(8 * 4 if comm.rank == 0 else 0, 8, comm=comm.mpi)
+        if comm.rank == 0:
             np.frombuffer(self.win.tomemory(), dtype=np.int64)[:] = 0
-        comm.Barrier()  # the counter is zeroed before anyone fetches
+        comm.mpi.Barrier()  # the counter is zeroed before anyone fetches (a barrier moves no payload)
 
     def add(self, **amounts: int) -> dict[str, int]:
         """Add to the named slots (0: only read) under one lock; their values after the addition."""
         names = list(amounts)
         add = np.array([amounts[n] for n in names], dtype=np.int64)
         before = np.zeros(len(names), dtype=np.int64)
+        start = time.perf_counter()
         self.win.Lock(0, MPI.LOCK_EXCLUSIVE)
         for i, name in enumerate(names):
             self.win.Fetch_and_op([add[i:i + 1], MPI.INT64_T], [before[i:i + 1], MPI.INT64_T], 0,
                                   getattr(self, name.upper()), MPI.SUM)
         self.win.Unlock(0)  # the fetched values are valid from here on
+        # one-sided to rank 0, counted like point-to-point (outside any run's rounds)
+        self.ledger.record("p2p", add.nbytes, before.nbytes, time.perf_counter() - start)
         return {name: int(before[i] + add[i]) for i, name in enumerate(names)}
 
     def next(self) -> int:
@@ -92,7 +96,7 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
             f"{groups} groups of {size}" + (f" ({world.size - groups * size} idle)" if world.size % size else ""))
     color = world.rank // size if world.rank < groups * size else MPI.UNDEFINED
     group_mpi = world.mpi.Split(color, key=world.rank)
-    counter = Counter(world.mpi)
+    counter = Counter(world)
     failed, stopped, started = [], False, time.perf_counter()
 
     def tally(**ended: int) -> str:  # ended: finished=1 or failed=1 with the run's milliseconds, or nothing
@@ -101,10 +105,10 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
                         groups)
 
     if group_mpi != MPI.COMM_NULL:
-        leader = group_mpi.Get_rank() == 0
+        scheduler = Comm(group_mpi)  # the group's scheduling traffic, apart from every run's ledger
+        leader = scheduler.rank == 0
         while not stopped:
-            slot = np.array([counter.next() if leader else 0], dtype=np.int64)
-            group_mpi.Bcast(slot, root=0)
+            slot = scheduler.bcast(np.array([counter.next() if leader else 0], dtype=np.int64))
             if slot[0] >= count:
                 break
             run = runs[int(pending[slot[0]])]
