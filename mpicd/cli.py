@@ -138,7 +138,8 @@ def default_config(name: str) -> str:
     for row in rows:
         head, _, leaf = row.key.rpartition(".")
         if head != section:
-            entries.append((f"{head}:", ""))
+            if head:  # a top-level key after a section needs no header
+                entries.append((f"{head}:", ""))
             section = head
         comment = f"{row.allowed}; {row.doc}" if row.doc else row.allowed
         entries.append((f"{'  ' if head else ''}{leaf}: {inline(row.default)}", comment))

@@ -86,6 +86,25 @@ class CheckpointConfig:
     every: int = spec(1, ge=0, doc="save every rank's state every N rounds (0: never) beside the results file, for --resume")
 
 
+@dataclass
+class DebugConfig:
+    """Built-in fault injection, to test a cluster setup (and mpicd) against a failing rank."""
+
+    fail_rank: Optional[int] = spec(None, ge=0, doc="inject a fault on this rank (null: no fault)")
+    fail_round: int = spec(0, ge=0, doc="in this round, counted from 0 (2: the third round fails, 2 stay in the file)")
+    fail_kind: Literal["exception", "exit", "kill", "hang", "nan"] = spec(
+        "exception", doc="raise | os._exit(1) | SIGKILL itself | sleep instead of the next exchange | NaN in the model")
+    fail_at: Literal["before_exchange", "in_exchange", "after_epoch", "in_write"] = spec(
+        "after_epoch", doc="where in the round: before the algorithm's exchange, inside it (after posting), "
+                           "after the local epoch, inside the collective results write")
+
+
+@dataclass
+class TimeoutConfig:
+    round_seconds: Optional[float] = spec(None, gt=0.0, doc="watchdog: a round that takes longer ends the job, "
+                                                            "naming rank and round (null: off)")
+
+
 # Keys that say how a run is executed, not what it computes: a resumed run may change them, and
 # the report does not split cells by them. A section name covers every key inside it.
 OPERATIONAL_KEYS = ("output", "device", "checkpoint", "debug", "timeout", "eval", "train.eval_batch_size")
@@ -110,6 +129,18 @@ class Config:
     algorithm: dict = field(default_factory=lambda: {"name": "codistill"},
                             metadata={"doc": "the method and its own keys (mpicd config --algorithm NAME)"})
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    on_nonfinite: Literal["abort", "skip"] = spec(
+        "abort", doc="NaN/inf in a loss or a payload: abort naming rank and round, or skip: drop that "
+                     "client's update for the round (recorded in /metrics/skipped)")
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    timeout: TimeoutConfig = field(default_factory=TimeoutConfig)
+
+    def __post_init__(self) -> None:
+        fail = self.debug
+        if fail.fail_rank is not None and fail.fail_rank >= self.clients:
+            raise ConfigError("debug.fail_rank", f"is {fail.fail_rank}, but ranks are 0..{self.clients - 1}")
+        if fail.fail_rank is not None and fail.fail_round >= self.rounds:
+            raise ConfigError("debug.fail_round", f"is {fail.fail_round}, but rounds are 0..{self.rounds - 1}")
 
 
 # --------------------------------------------------------------------------- validation
