@@ -178,8 +178,11 @@ def resume_point(plan: Plan, client: Client, comm, out: Path) -> int:
 
 def run(plan: Plan, comm, placement, out: str | Path, log: Callable[[str], None] = print,
         parallel_io: bool | None = None, resume: bool = False,
-        stop_requested: Callable[[], bool] = lambda: False) -> Outcome:
-    """Train the config's rounds on this rank and write the results file collectively."""
+        stop_requested: Callable[[], bool] = lambda: False, startup: dict | None = None) -> Outcome:
+    """Train the config's rounds on this rank and write the results file collectively.
+
+    ``startup``: rank 0's seconds per start-up phase (recorded as the attr ``startup_seconds``).
+    """
     from .results import ResultsWriter, RoundRow
 
     cfg, ledger, out = plan.config, comm.ledger, Path(out)
@@ -198,6 +201,9 @@ def run(plan: Plan, comm, placement, out: str | Path, log: Callable[[str], None]
         train_counts=plan.partition.train_counts, test_counts=np.tile(test_counts, (cfg.clients, 1)),
         expertise=plan.partition.expertise, placement=placement_row(placement), parallel=parallel_io,
         resume_at=start or None)
+    if startup is not None:
+        writer.set_attr("startup_seconds", yaml.safe_dump({k: round(float(v), 4) for k, v in startup.items()},
+                                                          sort_keys=False))
     every = cfg.checkpoint.every
     for r in range(start, cfg.rounds):
         started = time.perf_counter()
@@ -205,13 +211,17 @@ def run(plan: Plan, comm, placement, out: str | Path, log: Callable[[str], None]
         client.algorithm.before_epoch(r)
         loss = client.local_epochs(r)
         client.algorithm.after_epoch(r)
+        trained = time.perf_counter()
         test = client.evaluate("test")
         val = client.evaluate("val") if "val" in client.eval_sets else None
         traffic = ledger.end_round()
-        elapsed = time.perf_counter() - started
+        finished = time.perf_counter()
+        elapsed = finished - started
         writer.write_round(r, RoundRow(loss=loss, test=test, val=val, traffic=traffic,
                                        compute_seconds=elapsed - traffic.seconds,
-                                       teacher=client.algorithm.teacher()))
+                                       teacher=client.algorithm.teacher(),
+                                       train_seconds=trained - started - traffic.seconds,
+                                       eval_seconds=finished - trained))
         # Progress line and stop agreement: a small Allreduce outside the round's ledger row.
         summary = comm.allreduce_sum(np.array([test.minority_acc, traffic.total_sent, elapsed,
                                                float(stop_requested())]))

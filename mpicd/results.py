@@ -11,8 +11,13 @@ Layout (a contract the report and later tools rely on):
                             sample-weighted means of the cross-entropy and of the algorithm's
                             extra term), test_acc, balanced_acc, minority_acc (held-out test
                             split), val_acc, val_balanced_acc, val_minority_acc (validation
-                            split: for choosing hyper-parameters and rounds), comm_seconds,
-                            compute_seconds
+                            split: for choosing hyper-parameters and rounds), comm_seconds
+                            (inside MPI calls, waiting included), compute_seconds (the rest of
+                            the round), train_seconds (hooks + local epochs, minus comm),
+                            eval_seconds, write_seconds (this rank's collective write of the
+                            round's row, flush included; written with the next row, the last
+                            one at close: NaN for a round a crash interrupted)
+    /metrics/skipped        (rounds, clients) int64: 1 where on_nonfinite=skip dropped the update
     /metrics/bytes_sent     (rounds, clients) int64, and bytes_recv
     /metrics/recall         (rounds, clients, classes) float64 on the test split; val_recall
     /comm/bytes_sent        (rounds, clients, kinds) int64 by kind of operation (attr kinds), and bytes_recv
@@ -34,6 +39,7 @@ crash leaves the finished rounds readable.
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +65,9 @@ class RoundRow:
     traffic: Traffic
     compute_seconds: float
     teacher: int
+    train_seconds: float = float("nan")   # the algorithm's hooks and local epochs, minus comm_seconds
+    eval_seconds: float = float("nan")    # evaluation on the test and validation splits
+    skipped: int = 0                      # 1: this client's update was dropped (on_nonfinite: skip)
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,9 @@ def columns(num_classes: int) -> list[Column]:
         Column("metrics/val_recall", "f8", c, _score("val", "recall", num_classes)),
         Column("metrics/comm_seconds", "f8", (), lambda row: row.traffic.seconds),
         Column("metrics/compute_seconds", "f8", (), lambda row: row.compute_seconds),
+        Column("metrics/train_seconds", "f8", (), lambda row: row.train_seconds),
+        Column("metrics/eval_seconds", "f8", (), lambda row: row.eval_seconds),
+        Column("metrics/skipped", "i8", (), lambda row: row.skipped),
         Column("metrics/bytes_sent", "i8", (), lambda row: row.traffic.total_sent),
         Column("metrics/bytes_recv", "i8", (), lambda row: row.traffic.total_recv),
         Column("comm/bytes_sent", "i8", k, lambda row: [row.traffic.bytes_sent[n] for n in KINDS]),
@@ -131,6 +143,7 @@ class ResultsWriter:
                  placement: dict, parallel: bool | None = None, resume_at: int | None = None):
         self.comm = comm
         self.cols = columns(num_classes)
+        self._pending_write: tuple[int, float] | None = None  # (round, seconds) of the last write
         self.parallel = h5py.get_config().mpi if parallel is None else parallel
         if not self.parallel and comm.rank == 0:
             why = "serial writer requested" if h5py.get_config().mpi else "h5py has no MPI support"
@@ -196,6 +209,7 @@ class ResultsWriter:
             dset = f.create_dataset(col.path, (rounds, clients, *col.shape), dtype=col.dtype, fillvalue=fill)
             if col.path.startswith("comm/bytes_"):
                 dset.attrs["kinds"] = np.array(KINDS, dtype=h5py.string_dtype())
+        f.create_dataset("metrics/write_seconds", (rounds, clients), dtype="f8", fillvalue=np.nan)
         f.create_dataset("comm/outside_rounds", (clients, 2), dtype="i8", fillvalue=-1)
         for name in ("train_counts", "test_counts"):
             f.create_dataset(f"partition/{name}", (clients, classes), dtype="i8")
@@ -206,19 +220,29 @@ class ResultsWriter:
             f.create_dataset(f"placement/{key}", (clients,), dtype="i8", fillvalue=-1)
 
     def write_round(self, round_index: int, row: RoundRow) -> None:
-        """Every rank calls this with its own row; the file is flushed before it returns."""
+        """Every rank calls this with its own row; the file is flushed before it returns.
+
+        The seconds this write takes are known only after it: they go to ``write_seconds`` with
+        the next row (or at :meth:`close`), so timing costs no extra collective write.
+        """
+        started = time.perf_counter()
         values = [col.get(row) for col in self.cols]
+        previous = self._pending_write
+        timing = {self.comm.rank: previous[1]} if previous else {}
         if self.parallel:
             per_rank = {self.comm.rank: values}
         else:
-            gathered = self.comm.allgather(pack(values))
-            per_rank = {rank: unpack(v, self.cols) for rank, v in enumerate(gathered)}
-        if self.file is None:
-            return
-        for i, col in enumerate(self.cols):
-            self._put(col.path, (round_index,), {rank: vals[i] for rank, vals in per_rank.items()})
-        self.file.attrs["completed_rounds"] = round_index + 1
-        self.file.flush()
+            gathered = self.comm.allgather(pack([*values, previous[1] if previous else np.nan]))
+            per_rank = {rank: unpack(v[:-1], self.cols) for rank, v in enumerate(gathered)}
+            timing = {rank: v[-1] for rank, v in enumerate(gathered)} if previous else {}
+        if self.file is not None:
+            for i, col in enumerate(self.cols):
+                self._put(col.path, (round_index,), {rank: vals[i] for rank, vals in per_rank.items()})
+            if previous:
+                self._put("metrics/write_seconds", (previous[0],), timing)
+            self.file.attrs["completed_rounds"] = round_index + 1
+            self.file.flush()
+        self._pending_write = (round_index, time.perf_counter() - started)
 
     def _put(self, name: str, index: tuple, values: dict) -> None:
         """Write ``values[rank]`` at ``dset[(*index, rank)]``: collectively, or all rows serially."""
@@ -231,6 +255,12 @@ class ResultsWriter:
             for rank, value in values.items():
                 dset[(*index, rank)] = value
 
+    def set_attr(self, key: str, value: Any) -> None:
+        """Set a root attribute; collective, so every rank must pass the same value."""
+        if self.file is not None:
+            self.file.attrs[key] = value
+            self.file.flush()
+
     def close(self) -> None:
         """Collective: record this rank's traffic outside rounds, then close the file.
 
@@ -239,10 +269,13 @@ class ResultsWriter:
         flushed stay readable.
         """
         outside = self.comm.ledger.outside_rounds
-        mine = np.array([outside.total_sent, outside.total_recv], dtype=np.int64)
+        previous = self._pending_write
+        mine = np.array([outside.total_sent, outside.total_recv, previous[1] if previous else np.nan])
         rows = {self.comm.rank: mine} if self.parallel else dict(enumerate(self.comm.allgather(mine)))
         if self.file is not None:
-            self._put("comm/outside_rounds", (), rows)
+            self._put("comm/outside_rounds", (), {rank: v[:2].astype(np.int64) for rank, v in rows.items()})
+            if previous:
+                self._put("metrics/write_seconds", (previous[0],), {rank: v[2] for rank, v in rows.items()})
             self.file.close()
             self.file = None
 

@@ -59,7 +59,8 @@ def test_every_rank_used_the_shared_teacher_assignment(run):
 
 def test_results_file_holds_the_contract(run):
     ranks, res = run
-    for name in ("train_loss", "test_acc", "balanced_acc", "minority_acc", "comm_seconds", "compute_seconds"):
+    for name in ("train_loss", "test_acc", "balanced_acc", "minority_acc", "comm_seconds", "compute_seconds",
+                 "train_seconds", "eval_seconds", "write_seconds"):
         assert res.metrics[name].shape == (ROUNDS, ranks) and np.isfinite(res.metrics[name]).all(), name
     assert res.metrics["recall"].shape == (ROUNDS, ranks, 2)
     assert res.attrs["writer"] == "mpio" and res.attrs["num_classes"] == 2

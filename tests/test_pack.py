@@ -11,7 +11,7 @@ from mpicd.sweep import load_sweep
 
 from conftest import QUICKSTART, mpicd_run, mpiexec
 
-TIMING = {"comm_seconds", "compute_seconds"}
+TIMING = {"comm_seconds", "compute_seconds", "train_seconds", "eval_seconds", "write_seconds"}
 
 
 @pytest.fixture(scope="module")

@@ -58,4 +58,7 @@ def test_serial_fallback_has_the_same_layout(written):
     assert layout(written / "mpio.h5") == layout(written / "serial.h5")
     mpio, serial = Results(written / "mpio.h5"), Results(written / "serial.h5")
     for name in mpio.metrics:
+        if name == "write_seconds":  # measured by each writer itself: finite, positive, not equal
+            assert (mpio.metrics[name] > 0).all() and (serial.metrics[name] > 0).all()
+            continue
         np.testing.assert_array_equal(mpio.metrics[name], serial.metrics[name])

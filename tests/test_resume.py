@@ -16,7 +16,7 @@ from mpicd.results import Results
 
 from conftest import PNEUMONIA, QUICKSTART, ROOT, mpi_env, mpicd_run, mpiexec
 
-TIMING = {"comm_seconds", "compute_seconds"}
+TIMING = {"comm_seconds", "compute_seconds", "train_seconds", "eval_seconds", "write_seconds"}
 
 
 def workload():

@@ -11,7 +11,7 @@ from mpicd.results import Results
 
 from conftest import DRIVERS, QUICKSTART, ROOT, mpi_env, mpicd_cli, mpicd_run, mpiexec
 
-TIMINGS = {"comm_seconds", "compute_seconds"}
+TIMINGS = {"comm_seconds", "compute_seconds", "train_seconds", "eval_seconds", "write_seconds"}
 
 
 def contents(path):
