@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,10 @@ class Scores:
     acc: float
     balanced_acc: float
     minority_acc: float
+
+
+class NonFiniteLoss(ArithmeticError):
+    """A minibatch's loss is NaN or inf (found before its backward pass: the model is untouched)."""
 
 
 def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
@@ -71,6 +76,31 @@ class Client:
             num_classes=plan.dataset.num_classes, expertise=plan.partition.expertise,
             train_x=self.train_x, train_y=self.train_y))
 
+    def train_round(self, round_index: int, fault=None, guard=None) -> EpochLoss:
+        """One round's training: the algorithm's exchange before the epoch, the local epochs, its
+        exchange after. ``fault`` (:class:`mpicd.faults.FaultInjector`) is given its places,
+        ``guard`` (:class:`mpicd.nonfinite.NonFiniteGuard`) checks the model before each exchange
+        and handles a non-finite loss; with neither, a non-finite loss raises NonFiniteLoss.
+        A dropped update's loss is NaN."""
+        at = fault.at if fault is not None else (lambda place: None)
+        at("before_exchange")
+        if guard is not None:
+            guard.check_model("at the start of the round")
+        self.algorithm.before_epoch(round_index)
+        loss = EpochLoss(math.nan, math.nan, math.nan)
+        if guard is None or not guard.dropped:
+            try:
+                loss = self.local_epochs(round_index)
+            except NonFiniteLoss as err:
+                if guard is None:
+                    raise
+                guard.failed(str(err))  # abort: raises; skip: back to the round's start, update dropped
+        at("after_epoch")
+        if guard is not None:
+            guard.check_model("after the local epoch")
+        self.algorithm.after_epoch(round_index)
+        return loss
+
     def local_epochs(self, round_index: int) -> EpochLoss:
         """Train ``train.local_epochs`` epochs; returns the sample-weighted mean loss and its parts."""
         cfg, model, algorithm = self.plan.config, self.model, self.algorithm
@@ -79,7 +109,7 @@ class Client:
         for epoch in range(cfg.train.local_epochs):
             order = torch.from_numpy(seeds.rng(cfg.seed, seeds.SHUFFLE, self.comm.rank, round_index, epoch)
                                      .permutation(len(self.train_y)))
-            for start, stop in batch_bounds(len(order), cfg.train.batch_size):
+            for b, (start, stop) in enumerate(batch_bounds(len(order), cfg.train.batch_size)):
                 index = order[start:stop].to(self.device)
                 x, y = self.train_x[index], self.train_y[index]
                 features = model.features(x)
@@ -87,6 +117,11 @@ class Client:
                 ce = F.cross_entropy(logits, y)
                 extra = algorithm.extra_loss(Batch(x, y, features, logits))
                 loss = ce if extra is None else ce + extra
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise NonFiniteLoss(f"the training loss is {value} (epoch {epoch}, batch {b}: cross-entropy "
+                                        f"{float(ce.detach())}, {algorithm.name} term "
+                                        f"{'none' if extra is None else float(extra.detach())})")
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 self.optimizer.step()

@@ -17,11 +17,22 @@ What a byte count means (per rank, per round, per kind of operation):
 
 Traffic outside a round (start-up agreement, results fallback gather) is counted in a separate
 ``outside_rounds`` total so that per-round rows hold only what the algorithm exchanged.
+
+Two guards, so that nothing wrong crosses MPI silently:
+
+* every floating-point buffer an algorithm is about to send in a round is checked for NaN and inf
+  (:class:`NonFiniteError` names rank, round and operation);
+* before every collective the ranks Allgather (bytes, dtype) of their buffers and compare: a rank
+  that passes another size or dtype than the others is named (:class:`ProtocolError`) instead of
+  MPI truncating or reading past a buffer. That agreement is 16 N bytes received per collective,
+  counted outside the round's row (``outside_rounds``), so per-round bytes stay the protocol's.
+  Point-to-point messages are checked on arrival (the received size must be the expected one).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -35,6 +46,17 @@ _MPI_TYPES = {
     np.dtype(np.int64): MPI.INT64_T,
     np.dtype(np.uint8): MPI.UNSIGNED_CHAR,
 }
+
+
+class NonFiniteError(RuntimeError):
+    """NaN or inf in a buffer about to be sent."""
+
+
+class ProtocolError(RuntimeError):
+    """A message or collective buffer whose size or dtype is not what the protocol says."""
+
+
+_DTYPE_CODES = {dtype: code for code, dtype in enumerate(_MPI_TYPES, start=1)}
 
 
 def _buffer(array: np.ndarray) -> list:
@@ -56,28 +78,85 @@ class Comm:
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
         self.ledger = Ledger()
+        # Called at every transfer with its name and send buffers, before this rank posts its side
+        # (fault injection, the watchdog's phase), and after it completes; None: nothing to call.
+        self.on_transfer: Callable[[str, list[np.ndarray]], None] | None = None
+        self.after_transfer: Callable[[], None] | None = None
+
+    round_index: int | None = None  # the round in progress, set by the round loop (for messages)
+
+    def where(self) -> str:
+        """``rank R, round N`` (the round only inside one), for messages."""
+        r = self.round_index
+        return f"rank {self.rank}" + (f", round {r}" if r is not None else "")
+
+    def _check_finite(self, operation: str, arrays: list[np.ndarray]) -> None:
+        """An algorithm's payload (inside a round) is never NaN or inf; bookkeeping outside rounds
+        (the serial writer's gather of a row whose missing metrics are NaN) is not checked."""
+        if self.ledger.current is None:
+            return
+        for array in arrays:
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                bad = int(array.size - np.isfinite(array).sum())
+                raise NonFiniteError(f"mpicd: {self.where()}: {bad} of {array.size} values about to be sent "
+                                     f"({operation}) are NaN or inf; nothing was sent")
+
+    def _agree_on_layout(self, operation: str, array: np.ndarray) -> None:
+        """Every rank passes the same bytes and dtype to this collective, or every rank raises."""
+        mine = np.array([array.nbytes, _DTYPE_CODES[array.dtype]], dtype=np.int64)
+        everyone = np.empty((self.size, 2), dtype=np.int64)
+        start = time.perf_counter()
+        self.mpi.Allgather(_buffer(mine), _buffer(everyone))
+        # Its bytes are not the protocol's (outside the round's row); its seconds are waiting in
+        # MPI like the collective's own, so they count where that collective's seconds count.
+        self.ledger.outside_rounds.add("allgather", mine.nbytes, everyone.nbytes, 0.0)
+        (self.ledger.current or self.ledger.outside_rounds).seconds += time.perf_counter() - start
+        if (everyone == everyone[0]).all():
+            return
+        names = {code: dtype.name for dtype, code in _DTYPE_CODES.items()}
+        odd = int(np.flatnonzero((everyone != np.median(everyone, axis=0)).any(axis=1))[0]) if self.size > 2 else 1
+        raise ProtocolError(
+            f"mpicd: {self.where()}: {operation} layouts differ: rank {odd} passes {everyone[odd, 0]} bytes of "
+            f"{names[int(everyone[odd, 1])]}, rank {0 if odd else 1} passes {everyone[0 if odd else 1, 0]} bytes "
+            f"of {names[int(everyone[0 if odd else 1, 1])]}")
+
+    def _enter(self, operation: str, arrays: list[np.ndarray]) -> None:
+        if self.on_transfer is not None:
+            self.on_transfer(operation, arrays)
+        self._check_finite(operation, arrays)
+
+    def _leave(self) -> None:
+        if self.after_transfer is not None:
+            self.after_transfer()
 
     def exchange(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]],
-                 tag: int) -> None:
-        """Post every Isend and Irecv, then Waitall; fills the ``recvs`` buffers in place.
+                 tag: int, allow_empty: bool = False) -> list[int]:
+        """Post every Isend and Irecv, then Waitall; fills the ``recvs`` buffers in place and
+        returns the bytes received per receive (``allow_empty``: an empty message, "nothing
+        this round", is accepted besides the full size).
 
         Cannot deadlock as long as the sends and receives of all ranks match up (each algorithm
         derives both sides from the same shared plan): nothing blocks until all are posted.
         A received message of the wrong size is an error, never a silently short buffer.
         """
+        self._enter("p2p", [buf for _, buf in sends])
         start = time.perf_counter()
         requests = [self.mpi.Irecv(_buffer(buf), source=src, tag=tag) for src, buf in recvs]
         requests += [self.mpi.Isend(_buffer(buf), dest=dst, tag=tag) for dst, buf in sends]
         statuses = [MPI.Status() for _ in requests]
         MPI.Request.Waitall(requests, statuses)
+        self._leave()
+        received = []
         for (src, buf), status in zip(recvs, statuses):
             got = status.Get_count(MPI.BYTE)
-            if got != buf.nbytes:
-                raise RuntimeError(
-                    f"comm: rank {self.rank} expected {buf.nbytes} bytes from rank {src} "
-                    f"(tag {tag}), received {got}")
-        self.ledger.record("p2p", sum(b.nbytes for _, b in sends), sum(b.nbytes for _, b in recvs),
+            received.append(got)
+            if got != buf.nbytes and not (allow_empty and got == 0):
+                raise ProtocolError(
+                    f"mpicd: {self.where()}: expected {buf.nbytes} bytes from rank {src} (tag {tag}), "
+                    f"received {got}")
+        self.ledger.record("p2p", sum(b.nbytes for _, b in sends), sum(received),
                            time.perf_counter() - start)
+        return received
 
     def allreduce_sum(self, array: np.ndarray) -> np.ndarray:
         """Element-wise sum over all ranks; every rank gets the result."""
@@ -89,23 +168,32 @@ class Comm:
 
     def _allreduce(self, array: np.ndarray, op: MPI.Op) -> np.ndarray:
         result = np.empty_like(array)
+        self._agree_on_layout("allreduce", array)
+        self._enter("allreduce", [array])
         start = time.perf_counter()
         self.mpi.Allreduce(_buffer(array), _buffer(result), op=op)
+        self._leave()
         self.ledger.record("allreduce", array.nbytes, result.nbytes, time.perf_counter() - start)
         return result
 
     def allgather(self, array: np.ndarray) -> np.ndarray:
         """Every rank's block stacked along a new first axis (size, *array.shape)."""
         result = np.empty((self.size, *array.shape), dtype=array.dtype)
+        self._agree_on_layout("allgather", array)
+        self._enter("allgather", [array])
         start = time.perf_counter()
         self.mpi.Allgather(_buffer(array), _buffer(result))
+        self._leave()
         self.ledger.record("allgather", array.nbytes, result.nbytes, time.perf_counter() - start)
         return result
 
     def bcast(self, array: np.ndarray, root: int = 0) -> np.ndarray:
         """Root's buffer copied into every rank's ``array`` (in place; returned for convenience)."""
+        self._agree_on_layout("bcast", array)
+        self._enter("bcast", [array] if self.rank == root else [])
         start = time.perf_counter()
         self.mpi.Bcast(_buffer(array), root=root)
+        self._leave()
         sent, recv = (array.nbytes, 0) if self.rank == root else (0, array.nbytes)
         self.ledger.record("bcast", sent, recv, time.perf_counter() - start)
         return array

@@ -13,7 +13,7 @@ import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -21,6 +21,9 @@ import yaml
 
 from . import __version__, checkpoint
 from .client import Client
+from .faults import FaultInjector
+from .nonfinite import NonFiniteGuard
+from .watchdog import Watchdog
 from .comm import Traffic
 from .config import ConfigError, is_operational
 from .models import num_parameters
@@ -183,9 +186,9 @@ def run(plan: Plan, comm, placement, out: str | Path, log: Callable[[str], None]
 
     ``startup``: rank 0's seconds per start-up phase (recorded as the attr ``startup_seconds``).
     """
-    from .results import ResultsWriter, RoundRow
+    from .results import ResultsWriter
 
-    cfg, ledger, out = plan.config, comm.ledger, Path(out)
+    cfg, out = plan.config, Path(out)
     client = Client(plan, comm, placement.device)
     start = resume_point(plan, client, comm, out) if resume else 0
     if start == cfg.rounds:
@@ -204,24 +207,62 @@ def run(plan: Plan, comm, placement, out: str | Path, log: Callable[[str], None]
     if startup is not None:
         writer.set_attr("startup_seconds", yaml.safe_dump({k: round(float(v), 4) for k, v in startup.items()},
                                                           sort_keys=False))
-    every = cfg.checkpoint.every
+    watchdog, fault, guard = _guards(plan, client, comm, writer)
+    try:
+        return _rounds(plan, client, comm, writer, out, start, log, stop_requested, watchdog, fault, guard)
+    finally:
+        watchdog.stop()
+        comm.on_transfer = comm.after_transfer = None
+
+
+def _guards(plan: Plan, client: Client, comm, writer):
+    """The round's watchdog, fault injector and non-finite guard, wired to the comm layer and writer."""
+    from mpi4py import MPI
+
+    cfg = plan.config
+    watchdog = Watchdog(cfg.timeout.round_seconds, comm.rank, MPI.COMM_WORLD.Abort)
+    fault = FaultInjector(cfg.debug, comm.rank, client.model,
+                          on_hang=lambda: setattr(watchdog, "phase", "hanging on purpose (debug.fail_kind=hang)"))
+
+    def entering(operation: str, outgoing: list) -> None:
+        watchdog.phase = f"waiting in {operation}"
+        fault.at("in_exchange", outgoing)
+
+    def left() -> None:
+        watchdog.phase = "computing"
+
+    comm.on_transfer, comm.after_transfer = entering, left
+    writer.on_write = lambda: fault.at("in_write")
+    return watchdog, fault, NonFiniteGuard(cfg.on_nonfinite, client, comm)
+
+
+def _rounds(plan: Plan, client: Client, comm, writer, out: Path, start: int, log, stop_requested,
+            watchdog: Watchdog, fault: FaultInjector, guard: NonFiniteGuard) -> Outcome:
+    from .results import RoundRow
+
+    cfg, ledger, every = plan.config, comm.ledger, plan.config.checkpoint.every
     for r in range(start, cfg.rounds):
         started = time.perf_counter()
         ledger.begin_round()
-        client.algorithm.before_epoch(r)
-        loss = client.local_epochs(r)
-        client.algorithm.after_epoch(r)
+        comm.round_index = r
+        fault.begin_round(r)
+        watchdog.begin_round(r)
+        guard.begin_round()
+        watchdog.phase = "training"
+        loss = client.train_round(r, fault, guard)
         trained = time.perf_counter()
+        watchdog.phase = "evaluating"
         test = client.evaluate("test")
         val = client.evaluate("val") if "val" in client.eval_sets else None
         traffic = ledger.end_round()
         finished = time.perf_counter()
         elapsed = finished - started
+        watchdog.phase = "writing the results row"
         writer.write_round(r, RoundRow(loss=loss, test=test, val=val, traffic=traffic,
                                        compute_seconds=elapsed - traffic.seconds,
                                        teacher=client.algorithm.teacher(),
                                        train_seconds=trained - started - traffic.seconds,
-                                       eval_seconds=finished - trained))
+                                       eval_seconds=finished - trained, skipped=int(guard.dropped)))
         # Progress line and stop agreement: a small Allreduce outside the round's ledger row.
         summary = comm.allreduce_sum(np.array([test.minority_acc, traffic.total_sent, elapsed,
                                                float(stop_requested())]))
@@ -229,6 +270,7 @@ def run(plan: Plan, comm, placement, out: str | Path, log: Callable[[str], None]
         if comm.rank == 0:
             log(f"round {r + 1:>4}/{cfg.rounds}  minority_acc {summary[0] / comm.size:.4f}  "
                 f"bytes {int(summary[1]):>12,d}  {summary[2] / comm.size:6.2f} s")
+        watchdog.phase = "checkpointing"
         if ((every and (r + 1) % every == 0) or stop) and r + 1 < cfg.rounds:
             checkpoint.save(checkpoint.folder_for(out), comm.rank, r + 1, _state(plan, client, ledger))
         if stop:
@@ -239,6 +281,8 @@ def run(plan: Plan, comm, placement, out: str | Path, log: Callable[[str], None]
             if comm.rank == 0:
                 log(f"mpicd: stopped on request after round {r + 1}; resume with --resume")
             return Outcome(r + 1, True)
+        watchdog.end_round()
+        comm.round_index = None
     _remove_checkpoints(comm, checkpoint.folder_for(out))
     writer.close()  # only on success: a failing rank aborts the job instead (see ResultsWriter.close)
     return Outcome(cfg.rounds, False)

@@ -78,17 +78,21 @@ def place(comm: MPI.Comm, requested_device: str) -> Placement:
 
 
 @contextmanager
-def abort_on_exception(comm: MPI.Comm = MPI.COMM_WORLD):
+def abort_on_exception(comm: MPI.Comm = MPI.COMM_WORLD, where=None):
     """Any exception on any rank: print its traceback and MPI_Abort the whole job.
 
     Without this a rank that dies leaves the others blocked in their next collective forever.
+    The first line names the rank and, inside a round, the round (``where()``: "rank R, round N"),
+    then the error itself; the traceback follows.
     """
     try:
         yield
     except SystemExit:
         raise
-    except BaseException:  # noqa: BLE001 - everything, KeyboardInterrupt included, must abort
+    except BaseException as err:  # noqa: BLE001 - everything, KeyboardInterrupt included, must abort
         sys.stdout.flush()
-        sys.stderr.write(f"mpicd: rank {comm.Get_rank()} failed:\n{traceback.format_exc()}")
+        place = where() if where is not None else f"rank {comm.Get_rank()}"
+        message = str(err).removeprefix("mpicd: ").removeprefix(place + ": ") or type(err).__name__
+        sys.stderr.write(f"mpicd: {place} failed: {message}\n{traceback.format_exc()}")
         sys.stderr.flush()
-        comm.Abort(1)
+        MPI.COMM_WORLD.Abort(1)

@@ -15,14 +15,12 @@ EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped on request after a checkpoint; run aga
 class StopRequest:
     def __init__(self) -> None:
         self.requested = False
-        self.signal_name = ""
 
     def __call__(self) -> bool:
         return self.requested
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - the signal module's signature
         self.requested = True
-        self.signal_name = signal.Signals(signum).name
 
 
 def install(signals: tuple[int, ...] = (signal.SIGUSR1,)) -> StopRequest:

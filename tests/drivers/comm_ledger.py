@@ -42,5 +42,9 @@ with abort_on_exception(comm.mpi):
     assert row.bytes_sent == {"p2p": 40, "allreduce": 40, "allgather": 24, "bcast": 28 if rank == 0 else 0}, row
     assert row.bytes_recv == {"p2p": 40, "allreduce": 40, "allgather": 24 * size, "bcast": 0 if rank == 0 else 28}, row
     assert row.seconds > 0
-    assert comm.ledger.outside_rounds.total_sent == 8  # nothing leaked out of the round
+    # Outside the round: the first agreement (8 bytes) and, before each of the 4 collectives, the
+    # layout agreement: an Allgather of (bytes, dtype) as 2 int64 = 16 bytes sent, 16 N received.
+    outside = comm.ledger.outside_rounds
+    assert outside.bytes_sent == {"p2p": 0, "allreduce": 8, "allgather": 4 * 16, "bcast": 0}, outside
+    assert outside.bytes_recv == {"p2p": 0, "allreduce": 8, "allgather": 4 * 16 * size, "bcast": 0}, outside
     print(f"rank {rank} ok", flush=True)
