@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -49,11 +50,16 @@ class DataConfig:
     image_size: Optional[int] = spec(None, ge=8, doc="resize images to this square size (aptos/covid default 64)")
     classes: Optional[list[str]] = spec(None, doc="covid: class folders in label order (default Normal, COVID)")
     test_fraction: float = spec(0.2, gt=0.0, lt=1.0, doc="held-out fraction where no official test split exists")
-    val_fraction: float = spec(0.1, gt=0.0, lt=1.0, doc="validation fraction of each class where no official val split exists (test_fraction + val_fraction < 1)")
-    split_seed: int = spec(0, ge=0, doc="seed of those held-out and validation splits; fixed so every run seed sees the same ones")
-    images_per_class: Optional[int] = spec(None, ge=1, doc="per-client images of each class before skew (null: as many as the rarest class allows)")
+    val_fraction: float = spec(0.1, gt=0.0, lt=1.0, doc="validation fraction of each class where no official "
+                                                        "val split exists (test_fraction + val_fraction < 1)")
+    split_seed: int = spec(0, ge=0, doc="seed of those held-out and validation splits; fixed so every run seed "
+                                        "sees the same ones")
+    images_per_class: Optional[int] = spec(None, ge=1, doc="per-client images of each class before skew (null: as "
+                                                           "many as the rarest class allows)")
     skew: float = spec(0.0, ge=0.0, lt=1.0, doc="each non-expertise class keeps a fraction 1 - skew on each client")
-    skew_mode: Literal["symmetric", "authors"] = spec("symmetric", doc="symmetric: skew on every client; authors: only on clients whose expertise class is 0 (the authors' code)")
+    skew_mode: Literal["symmetric", "authors"] = spec(
+        "symmetric", doc="symmetric: skew on every client; authors: only on clients whose expertise class is 0 "
+                         "(the authors' code)")
 
     def __post_init__(self) -> None:
         if self.test_fraction + self.val_fraction >= 1.0:
@@ -65,9 +71,9 @@ class DataConfig:
 class ModelConfig:
     name: Literal["auto", "lenet", "fedavgcnn", "mlp", "resnet18"] = spec(
         "auto", doc="auto: lenet for images, mlp for tabular data; fedavgcnn needs images >= 16x16")
-    feature_dim: int = spec(200, ge=1, doc="D, the width of the feature vector the head reads (lenet, mlp; "
+    feature_dim: int = spec(200, ge=1, le=65536, doc="D, the width of the feature vector the head reads (lenet, mlp; "
                                            "fedavgcnn and resnet18 have D = 512 and ignore it)")
-    hidden: int = spec(64, ge=1, doc="mlp: hidden layer width")
+    hidden: int = spec(64, ge=1, le=65536, doc="mlp: hidden layer width")
 
 
 @dataclass
@@ -164,50 +170,77 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is Literal:
         if value in typing.get_args(tp) and not isinstance(value, bool):
             return value
-        raise ConfigError(key, f"must be one of {_type_name(tp)}, got {value!r}")
+        raise ConfigError(key, f"must be one of {_type_name(tp)}, got {_show(value)}")
     if origin in (Union, types.UnionType):
         for option in typing.get_args(tp):
             try:
                 return _coerce(value, option, key)
             except ConfigError:
                 continue
-        raise ConfigError(key, f"must be {_type_name(tp)}, got {value!r}")
+        raise ConfigError(key, f"must be {_type_name(tp)}, got {_show(value)}")
     if tp is type(None):
         if value is None:
             return None
-        raise ConfigError(key, f"must be null, got {value!r}")
+        raise ConfigError(key, f"must be null, got {_show(value)}")
     if origin is list:
         if not isinstance(value, list):
-            raise ConfigError(key, f"must be a list, got {value!r}")
+            raise ConfigError(key, f"must be a list, got {_show(value)}")
         (item,) = typing.get_args(tp)
         return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(key, f"must be true or false, got {value!r}")
+        raise ConfigError(key, f"must be true or false, got {_show(value)}")
     if tp is int:
         number = _number(value)
         if isinstance(number, (float, Decimal)) and math.isfinite(number) and number == int(number):
             number = int(number)  # a whole number: 5e4, 32.0
         if isinstance(number, int) and not isinstance(number, bool):
-            return number
-        raise ConfigError(key, f"must be an integer, got {value!r}")
+            if -_INT_LIMIT <= number < _INT_LIMIT:
+                return number
+            raise ConfigError(key, f"must be an integer in [-2**63, 2**63) (what numpy, torch and HDF5 hold), "
+                                   f"got {_show(value)}")
+        raise ConfigError(key, f"must be an integer, got {_show(value)}")
     if tp is float:
         number = _number(value)
-        if isinstance(number, (int, float, Decimal)) and not isinstance(number, bool) and math.isfinite(number):
-            return float(number)
-        raise ConfigError(key, f"must be a finite number, got {value!r}")
+        if isinstance(number, (int, float, Decimal)) and not isinstance(number, bool):
+            try:
+                number = float(number)
+            except OverflowError:  # an integer beyond float's range
+                number = math.inf
+            if math.isfinite(number):
+                return number
+        raise ConfigError(key, f"must be a finite number, got {_show(value)}")
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(key, f"must be a string, got {value!r}")
+        raise ConfigError(key, f"must be a string, got {_show(value)}")
     if tp is dict:
         if isinstance(value, dict):
             return value
-        raise ConfigError(key, f"must be a mapping, got {value!r}")
+        raise ConfigError(key, f"must be a mapping, got {_show(value)}")
     if dataclasses.is_dataclass(tp):
         return from_mapping(tp, value, key)
     raise TypeError(f"unsupported config type {tp!r} for {key}")
+
+
+_INT_LIMIT = 2 ** 63
+_SHOW = reprlib.Repr()
+_SHOW.maxstring = _SHOW.maxother = _SHOW.maxlong = 80
+_SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxtuple, _SHOW.maxset = 3, 6, 6, 6, 6
+
+
+def _show(value: Any) -> str:
+    """A bounded repr for messages: YAML aliases can make a value's full repr astronomically long."""
+    return _SHOW.repr(value)
+
+
+def _key_text(key: Any) -> str:
+    """A key as a message shows it: a plain name as is, anything else (non-string, blank, control
+    characters) as its repr, so that the message stays one readable line."""
+    if isinstance(key, str) and key and key.isprintable() and key.strip() == key:
+        return key
+    return _show(key)
 
 
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -216,7 +249,12 @@ _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 def _number(value: Any) -> Any:
     """``"1e-3"`` -> Decimal("1e-3"): PyYAML (YAML 1.1) reads a number without a dot, or with an
     unsigned exponent, as a string, but everyone types them; other values pass through unchanged."""
-    return Decimal(value.strip()) if isinstance(value, str) and _NUMBER.fullmatch(value.strip()) else value
+    if isinstance(value, str) and value.isascii() and _NUMBER.fullmatch(value.strip()):
+        try:
+            return Decimal(value.strip())
+        except InvalidOperation:  # an exponent beyond Decimal's range, e.g. 1e99999999999999999999
+            return value
+    return value  # not text, or not ASCII (Decimal would read "١٢" or a full-width "１" as digits)
 
 
 def _check_bounds(value: Any, meta: typing.Mapping, key: str) -> None:
@@ -238,15 +276,15 @@ def from_mapping(cls: type, mapping: Any, prefix: str = "", also_known: typing.S
     if mapping is None:
         mapping = {}
     if not isinstance(mapping, dict):
-        raise ConfigError(prefix, f"must be a mapping, got {mapping!r}")
+        raise ConfigError(prefix, f"must be a mapping, got {_show(mapping)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name.rstrip("_"): f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(mapping) - set(fields))
+    unknown = sorted(set(mapping) - set(fields), key=_key_text)  # YAML keys may be numbers, null, ...
     if unknown:
         where = f"{prefix}." if prefix else ""
         known = sorted({*fields, *also_known})
         allowed = f"known keys here: {', '.join(known)}" if known else "no keys are allowed here"
-        raise ConfigError(f"{where}{unknown[0]}", f"unknown key ({allowed})")
+        raise ConfigError(f"{where}{_key_text(unknown[0])}", f"unknown key ({allowed})")
     values = {}
     for yaml_name, f in fields.items():
         key = f"{prefix}.{yaml_name}" if prefix else yaml_name
@@ -350,23 +388,82 @@ def _check_method_switch(section: Any, name: Any) -> None:
                                             f"algorithm={{name: {name}, ...}}")
 
 
+def _parse_yaml(text: str, key: str, failure: str, source: str = "") -> Any:
+    """``yaml.safe_load(text)``, refusing a key written twice in one mapping (YAML would keep the last,
+    silently), and with every failure one ConfigError line: PyYAML's constructors raise ValueError,
+    KeyError, AttributeError... on bad scalars (``2001-02-30``, ``!!int x``), RecursionError on deep
+    nesting. ``key``: the dotted prefix of the parsed text; ``source``: where it comes from."""
+    loader = None
+    try:
+        loader = yaml.SafeLoader(text)  # already reads: refuses control characters
+        node = loader.get_single_node()
+        _refuse_duplicates(node, key, source or "the value")
+        return None if node is None else loader.construct_document(node)
+    except ConfigError:
+        raise
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        reason = " ".join(f"{err.context or ''} {err.problem or ''}".split())
+        raise ConfigError(_key_text(key) if key else "", f"{failure}: {reason}{where}") from None
+    except RecursionError:
+        raise ConfigError(_key_text(key) if key else "", f"{failure}: nested too deeply") from None
+    except Exception as err:  # noqa: BLE001 - PyYAML's constructors raise many types on bad input
+        reason = " ".join(str(err).split())[:300] or type(err).__name__
+        raise ConfigError(_key_text(key) if key else "", f"{failure}: {reason}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def _refuse_duplicates(node: Any, prefix: str, source: str) -> None:
+    """A key twice in one YAML mapping is an error naming its dotted key and both lines (aliases are
+    visited once, so a file of nested aliases costs its size, not its expansion)."""
+    seen_nodes: set[int] = set()
+    stack = [(node, prefix)]
+    while stack:
+        node, where = stack.pop()
+        if node is None or id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack += [(child, where) for child in node.value]
+        elif isinstance(node, yaml.MappingNode):
+            lines: dict[tuple[str, str], int] = {}
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    dotted = f"{where}.{_key_text(key_node.value)}" if where else _key_text(key_node.value)
+                    line = key_node.start_mark.line + 1
+                    if (key_node.tag, key_node.value) in lines:
+                        raise ConfigError(dotted, f"is set twice in {source} (lines "
+                                                  f"{lines[key_node.tag, key_node.value]} and {line}); "
+                                                  f"YAML would silently keep the last")
+                    lines[key_node.tag, key_node.value] = line
+                    stack.append((value_node, dotted))
+                else:
+                    stack.append((value_node, where))
+
+
 def apply_override(tree: dict, assignment: str) -> None:
     """Apply one ``dotted.key=value`` override in place; the value is parsed as YAML.
 
     ``section=NAME`` for a group (data, model, algorithm) selects NAME with its defaults.
     """
     if "=" not in assignment:
-        raise ConfigError(assignment, "an override must look like key=value, e.g. rounds=3")
+        raise ConfigError(_key_text(assignment), "an override must look like key=value, e.g. rounds=3")
     dotted, raw = assignment.split("=", 1)
     parts = dotted.strip().split(".")
     if not all(parts):
-        raise ConfigError(dotted, "empty key in override")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as err:
-        raise ConfigError(dotted, f"cannot parse value {raw!r}: {err}") from None
+        raise ConfigError(_key_text(dotted), "empty key in override")
+    value = _parse_yaml(raw, dotted.strip(), f"cannot parse value {_show(raw)}") if raw.strip() else None
     if parts == ["algorithm", "name"]:
-        _check_method_switch(tree.get("algorithm"), value)
+        if not isinstance(value, (str, type(None))):
+            raise ConfigError("algorithm.name", f"must be the name of a method, e.g. codistill, got {_show(value)}")
+        section = tree.get("algorithm")
+        odd = [k for k in section if not isinstance(k, str)] if isinstance(section, dict) else []
+        if odd:
+            raise ConfigError(f"algorithm.{_key_text(odd[0])}", "unknown key (keys are names)")
+        _check_method_switch(section, value)
     node = tree
     for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
@@ -384,11 +481,15 @@ def load_tree(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> 
         if not p.is_file():
             raise ConfigError("", f"config file {str(p)!r} does not exist")
         try:
-            tree = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError("", f"config file {str(p)!r} is not valid YAML: {err}") from None
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError("", f"config file {str(p)!r} cannot be read as UTF-8 text: {err}") from None
+        tree = _parse_yaml(text, "", f"config file {str(p)!r} is not valid YAML", f"config file {str(p)!r}")
+        if tree is None:  # an empty file, or only comments
+            tree = {}
         if not isinstance(tree, dict):
-            raise ConfigError("", f"config file {str(p)!r} must hold a mapping at the top level")
+            raise ConfigError("", f"config file {str(p)!r} must hold a mapping at the top level, "
+                                  f"got {_show(tree)}")
         tree = {key: _select_group(key, value) for key, value in tree.items()}
     for assignment in overrides:
         apply_override(tree, assignment)
@@ -400,4 +501,7 @@ def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -
     cfg = from_mapping(Config, load_tree(path, overrides))
     if "name" not in cfg.algorithm:
         raise ConfigError("algorithm.name", "missing (e.g. codistill)")
+    if not isinstance(cfg.algorithm["name"], (str, type(None))):  # the registry would fail to look it up
+        raise ConfigError("algorithm.name", f"must be the name of a method, e.g. codistill, "
+                                            f"got {_show(cfg.algorithm['name'])}")
     return cfg

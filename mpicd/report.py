@@ -19,12 +19,13 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 import numpy as np
 
 from .config import OPERATIONAL_KEYS
-from .results import Results
+from .results import Results, ResultsFileError
 
 SCORES = ("minority_acc", "balanced_acc", "test_acc")
 SELECT_METRIC = "val_minority_acc"
@@ -163,15 +164,22 @@ def collect(paths: Iterable[str | Path], last: int = 1, select: str = "last",
     for path in paths:
         try:
             res = Results(path)
-        except (OSError, KeyError) as err:
+            planned = _planned(res)
+        except ResultsFileError as err:
+            raise ReportError(str(err)) from None
+        except (KeyError, ValueError, TypeError) as err:  # the attribute rounds is not a number
             raise ReportError(f"{path}: not a readable mpicd results file ({err})") from None
-        planned = _planned(res)
         if res.completed_rounds < planned:
             if not include_incomplete:
                 notes.append(f"excluded: {path} ({res.completed_rounds}/{planned} rounds)")
                 continue
             notes.append(f"included although incomplete: {path} ({res.completed_rounds}/{planned} rounds)")
-        kept.append(summarize(res, last, select))
+        try:
+            kept.append(summarize(res, last, select))
+        except ReportError:
+            raise
+        except (KeyError, ValueError, TypeError, IndexError, AttributeError) as err:  # a foreign layout
+            raise ReportError(f"{path}: not a readable mpicd results file ({type(err).__name__}: {err})") from None
     return kept, notes
 
 

@@ -89,3 +89,15 @@ def test_registry_covers_every_configurable_format():
     with pytest.raises(ConfigError) as err:
         load_dataset(DataConfig(name="imagenet"))
     assert err.value.key == "data.name"
+
+
+def test_the_bundled_csv_read_directly_equals_scikit_learns_loader():
+    """mpicd reads scikit-learn's breast_cancer.csv without importing scikit-learn (start-up)."""
+    from sklearn.datasets import load_breast_cancer
+
+    from mpicd.data.breast_cancer import bundled
+
+    data, target = bundled()
+    bunch = load_breast_cancer()
+    assert np.array_equal(data, bunch.data) and data.dtype == bunch.data.dtype
+    assert np.array_equal(target, bunch.target)

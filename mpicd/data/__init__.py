@@ -3,7 +3,7 @@ whose ``test`` and ``val`` splits no client trains on; :mod:`mpicd.data.partitio
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from mpicd.config import ConfigError, DataConfig
 from mpicd.data import aptos, breast_cancer, covid, medmnist

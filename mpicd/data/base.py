@@ -5,6 +5,7 @@ Kept apart from ``__init__`` so the format modules can import them without a cyc
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,14 +75,38 @@ def existing_path(cfg: DataConfig, want_dir: bool, what: str) -> Path:
     return path
 
 
-def read_grey_png(path: Path, size: int) -> np.ndarray:
-    """One image file as a (size, size) float32 grey array in [0, 1] (PIL's antialiased bilinear resize)."""
+# What PIL raises on a file that is not an image, is cut short, or is corrupt inside (a broken chunk
+# is a SyntaxError, a header claiming billions of pixels a DecompressionBombError).
+UNREADABLE_IMAGE = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
+
+
+def read_grey_png(path: Path, size: int, listed: str = "") -> np.ndarray:
+    """One image file as a (size, size) float32 grey array in [0, 1] (PIL's antialiased bilinear resize).
+
+    ``listed``: where the image is named (e.g. a CSV line), added to the error.
+    """
     try:
         with Image.open(path) as img:
             grey = img.convert("L").resize((size, size), Image.Resampling.BILINEAR)
-    except OSError as err:
-        raise ConfigError("data.path", f"cannot read image {str(path)!r}: {err}") from None
+    except UNREADABLE_IMAGE as err:
+        where = f" ({listed})" if listed else ""
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise ConfigError("data.path", f"cannot read image {str(path)!r}{where}: {reason}") from None
     return np.asarray(grey, dtype=np.float32) / 255.0
+
+
+def check_fits_in_memory(images: int, channels: int, size: int, source: str) -> None:
+    """Refuse an image size whose float32 arrays alone would exceed this machine's memory, before
+    resizing anything (data.image_size=100000 would otherwise swap or be killed, not fail)."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return  # no way to know here
+    needed = images * channels * size * size * 4
+    if needed > physical:
+        raise ConfigError("data.image_size", f"{size}x{size} images: the {images} images of {source} would "
+                                             f"take {needed / 2**30:,.0f} GiB as float32, more than this "
+                                             f"machine's {physical / 2**30:,.0f} GiB of memory")
 
 
 def _rounded(fraction: float, n: int) -> int:

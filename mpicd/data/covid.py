@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpicd.config import ConfigError, DataConfig
-from mpicd.data.base import Dataset, existing_path, read_grey_png, split_dataset
+from mpicd.data.base import Dataset, check_fits_in_memory, existing_path, read_grey_png, split_dataset
 
 DEFAULT_CLASSES = ("Normal", "COVID")
 DEFAULT_SIZE = 64
@@ -21,15 +21,21 @@ def load(cfg: DataConfig) -> Dataset:
     if len(classes) < 2 or len(set(classes)) != len(classes):
         raise ConfigError("data.classes", f"needs at least two distinct class folders, got {list(classes)}")
     size = cfg.image_size or DEFAULT_SIZE
-    images, labels = [], []
+    files, labels, owner = [], [], {}
     for label, name in enumerate(classes):
         folder = root / name / "images"
-        files = sorted(folder.glob("*.png")) if folder.is_dir() else []
-        if not files:
+        found = sorted(folder.glob("*.png")) if folder.is_dir() else []
+        if not found:
             state = "has no .png images" if folder.is_dir() else "does not exist"
             key = "data.classes" if cfg.classes is not None else "data.path"
             raise ConfigError(key, f"class {name!r}: folder {str(folder)!r} {state}")
-        images += [read_grey_png(f, size) for f in files]
-        labels += [label] * len(files)
+        same = owner.setdefault(folder.resolve(), name)
+        if same != name:  # the same images under two labels
+            raise ConfigError("data.classes", f"classes {same!r} and {name!r} are the same folder "
+                                              f"{str(folder.resolve())!r}")
+        files += found
+        labels += [label] * len(found)
+    check_fits_in_memory(len(files), 1, size, str(root))
+    images = [read_grey_png(f, size) for f in files]
     x = np.stack(images)[:, None]
     return split_dataset("covid", "image", x, np.asarray(labels, dtype=np.int64), classes, cfg, str(root))
