@@ -7,13 +7,10 @@ for the LeNet (D = 200) and torchvision's ResNet-18 (features = the pooled 512-v
 on PneumoniaMNIST (``../shared/data/pneumoniamnist.npz`` if present, otherwise random images in
 the same 1x28x28 layout: the byte counts do not depend on pixel values). It then reads each
 results file and prints, per model and algorithm, the mean over ranks of the bytes sent and
-received in the round, the analytic payload, and the total (sent + received) relative to FedAvg.
-Exits non-zero if any measured count differs from its formula.
-
-Formulas (fp32, N ranks, C classes, D feature dim, P parameters, B floating buffer elements):
-codistill 4D sent per student served (mean 4D), 4D received; fedavg 4(P+B+1) both ways;
-fedproto 4C(D+1) both ways; feddistill 4C(C+1) both ways; fedamp 4P sent, 4NP received;
-local and centralized 0.
+received in the round, the algorithm's declared formula (``payloads`` in its module, the same
+declaration as README's "What leaves a rank" table), and the total (sent + received) relative to
+FedAvg. Exits non-zero if any rank's measured count of any kind differs from the formula
+(``Algorithm.bytes_per_round``; co-distillation's S, the students a rank serves, from ``/comm/teacher``).
 """
 
 from __future__ import annotations
@@ -24,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -38,8 +37,6 @@ OVERRIDES = ["rounds=1", "data.images_per_class=20", "device=cpu"]
 
 def synthetic_pneumonia(path: Path) -> None:
     """Random uint8 images in the exact MedMNIST layout of pneumoniamnist.npz (28x28, 2 classes)."""
-    import numpy as np
-
     rng = np.random.default_rng(0)
     arrays = {}
     for split, n in (("train", 400), ("val", 40), ("test", 100)):
@@ -61,22 +58,24 @@ def worker(out: Path, data: str, ranks: int) -> int:
     return 0
 
 
-def formulas(name: str, n: int, c: int, d: int, p: int, b: int) -> tuple[float, float, str]:
-    """(sent, received, formula text) per rank for one round; codistill's sent is the mean over ranks."""
-    return {
-        "codistill": (4 * d, 4 * d, "4D per student (mean 4D) / 4D"),
-        "local": (0, 0, "0"),
-        "centralized": (0, 0, "0"),
-        "fedavg": (4 * (p + b + 1), 4 * (p + b + 1), "4(P+B+1)" if b else "4(P+1)"),
-        "fedproto": (4 * c * (d + 1), 4 * c * (d + 1), "4C(D+1)"),
-        "feddistill": (4 * c * (c + 1), 4 * c * (c + 1), "4C(C+1)"),
-        "fedamp": (4 * p, 4 * n * p, "4P / 4NP"),
-    }[name]
+def expected(res, sizes) -> tuple[np.ndarray, np.ndarray, str]:
+    """(sent, received) (rounds, ranks, kinds) from the algorithm's declaration, and its formula text."""
+    from mpicd.algorithms import resolve
+
+    cls, params = resolve(res.config["algorithm"])
+    rounds, ranks = res.teacher.shape
+    want = np.zeros((2, rounds, ranks, len(res.kinds)), dtype=np.int64)
+    for r in range(rounds):
+        for rank in range(ranks):
+            counts = cls.bytes_per_round(sizes, params, students=int((res.teacher[r] == rank).sum()))
+            want[:, r, rank] = np.array([counts[kind] for kind in res.kinds]).T
+    payload = cls.payload_for(params)
+    text = f"{payload.sent} / {payload.recv}" if payload else "0"
+    return want[0], want[1], text
 
 
 def report(out: Path, ranks: int) -> int:
-    import torch
-
+    from mpicd.algorithms import Sizes
     from mpicd.models import build_model
     from mpicd.results import Results
 
@@ -84,24 +83,24 @@ def report(out: Path, ranks: int) -> int:
     for model in MODELS:
         res = {name: Results(out / f"{model}_{name}.h5") for name in ALGORITHMS}
         attrs = res["fedavg"].attrs
-        n, c, d, p = (int(attrs[k]) for k in ("clients", "num_classes", "feature_dim", "num_parameters"))
-        net = build_model(model, (1, 28, 28), c, d, 64)
-        b = sum(t.numel() for t in net.buffers() if torch.is_floating_point(t))
-        print(f"\n{model}: N={n} C={c} D={d} P={p:,} B={b:,} (floating buffers, averaged by fedavg only); "
-              f"data={attrs['dataset']}, 1 round, bytes per rank (mean over ranks)")
-        header = f"{'algorithm':<12} {'sent':>14} {'received':>14} {'formula sent/recv':>30} {'expected sent':>14} " \
+        n, c, d = (int(attrs[k]) for k in ("clients", "num_classes", "feature_dim"))
+        sizes = Sizes.of(build_model(model, (1, 28, 28), c, d, 64), n)
+        print(f"\n{model}: N={n} C={c} D={d} P={sizes.P:,} B={sizes.B:,} (floating buffers, averaged by fedavg "
+              f"only); data={attrs['dataset']}, 1 round, bytes per rank (mean over ranks)")
+        header = f"{'algorithm':<12} {'sent':>14} {'received':>14} {'formula sent / recv':>30} {'expected sent':>14} " \
                  f"{'expected recv':>14} {'x fedavg':>9}"
         print(header)
         print("-" * len(header))
         fedavg_total = float(res["fedavg"].metrics["bytes_sent"][0].mean() + res["fedavg"].metrics["bytes_recv"][0].mean())
         for name in ALGORITHMS:
-            sent = float(res[name].metrics["bytes_sent"][0].mean())
-            recv = float(res[name].metrics["bytes_recv"][0].mean())
-            want_sent, want_recv, text = formulas(name, n, c, d, p, b)
-            ok = sent == want_sent and recv == want_recv
+            r = res[name]
+            want_sent, want_recv, text = expected(r, sizes)
+            ok = np.array_equal(r.bytes_sent_by_kind, want_sent) and np.array_equal(r.bytes_recv_by_kind, want_recv)
             failures += not ok
-            print(f"{name:<12} {sent:>14,.0f} {recv:>14,.0f} {text:>30} {want_sent:>14,} {want_recv:>14,} "
-                  f"{(sent + recv) / fedavg_total:>9.2e}{'' if ok else '  MISMATCH'}")
+            sent, recv = float(r.metrics["bytes_sent"][0].mean()), float(r.metrics["bytes_recv"][0].mean())
+            print(f"{name:<12} {sent:>14,.0f} {recv:>14,.0f} {text:>30} {want_sent[0].sum(axis=1).mean():>14,.0f} "
+                  f"{want_recv[0].sum(axis=1).mean():>14,.0f} {(sent + recv) / fedavg_total:>9.2e}"
+                  f"{'' if ok else '  MISMATCH'}")
     print("\nall measured counts equal their formulas" if not failures else f"\n{failures} MISMATCHES")
     return 1 if failures else 0
 

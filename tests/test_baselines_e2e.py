@@ -97,7 +97,7 @@ def test_resolved_hyper_parameters_are_in_the_results_file(baselines):
     assert config["fedproto"] == {"name": "fedproto", "lambda": 1.0, "weighting": "samples", "predict": "head"}
     assert config["feddistill"] == {"name": "feddistill", "lambda": 1.0, "exclude_self": True}
     assert config["fedamp"] == {"name": "fedamp", "lambda": 0.1, "sigma": 1e-4, "alpha": "auto",
-                                "similarity": "gaussian", "self_weight": 0.5, "cosine_scale": 10.0}
+                                "similarity": "gaussian", "self_weight": 0.5, "cosine_scale": 10.0, "exchange": "allgather"}
     assert config["centralized"] == {"name": "centralized"}
 
 

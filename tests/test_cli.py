@@ -63,7 +63,7 @@ def test_config_of_another_algorithm():
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["algorithm"] == {  # the defaults fedamp.py documents
         "name": "fedamp", "lambda": 0.1, "sigma": 1e-4, "alpha": "auto", "similarity": "gaussian",
-        "self_weight": 0.5, "cosine_scale": 10.0}
+        "self_weight": 0.5, "cosine_scale": 10.0, "exchange": "allgather"}
     assert "# number in [0, 1]; cosine only: xi_ii" in result.stdout
     assert yaml.safe_load(mpicd_cli("config", "--algorithm", "fedavg").stdout)["algorithm"] == {"name": "fedavg"}
     wrong = mpicd_cli("config", "--algorithm", "fedsgd")

@@ -4,7 +4,8 @@ import numpy as np
 import torch
 
 from mpicd.algorithms.base import Context, NoParams
-from mpicd.algorithms.fedavg import FedAvg, assign, averaged_tensors, flatten
+from mpicd.algorithms.aggregate import assign, averaged_tensors, flatten
+from mpicd.algorithms.fedavg import FedAvg
 from mpicd.models import build_model, num_parameters, resnet18
 
 from conftest import rank_dumps

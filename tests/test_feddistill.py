@@ -10,7 +10,6 @@ import torch.nn.functional as F
 
 from mpicd.algorithms.base import Batch, Context
 from mpicd.algorithms.feddistill import FedDistill, FedDistillParams, teacher_logits
-from mpicd.algorithms.fedproto import mean_over_clients
 from mpicd.models import build_model
 from mpicd.results import Results
 

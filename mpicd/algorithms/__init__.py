@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..config import ConfigError, from_mapping
-from .base import Algorithm, Batch, Context
+from .base import Algorithm, Batch, Context, Payload, Sizes
 from .centralized import Centralized
 from .codistill import CoDistillation
 from .fedamp import FedAMP
@@ -33,4 +33,25 @@ def resolve(section: dict) -> tuple[type[Algorithm], object]:
     return cls, from_mapping(cls.Params, fields, "algorithm", also_known=("name",))
 
 
-__all__ = ["Algorithm", "Batch", "Context", "REGISTRY", "resolve"]
+MPI_OPERATIONS = {"p2p": "Isend/Irecv + Waitall", "allreduce": "Allreduce (SUM)", "allgather": "Allgather",
+                  "bcast": "Bcast"}
+
+
+def payload_table() -> str:
+    """README's "What leaves a rank" table, from every algorithm's ``payloads`` declaration."""
+    lines = ["| `algorithm.name` | options | what leaves the rank each round | shape (float32) | "
+             "MPI operation (ledger kind) | bytes sent | bytes received |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, cls in REGISTRY.items():
+        if not cls.payloads:
+            lines.append(f"| `{name}` | – | nothing | – | – | 0 | 0 |")
+        for p in cls.payloads:
+            options = ", ".join(f"`{key}: {value}`" for key, value in p.when) or "–"
+            if p.when and p.applies(cls.Params()):
+                options += " (default)"
+            lines.append(f"| `{name}` | {options} | {p.what} | {p.shape} | {MPI_OPERATIONS[p.kind]} (`{p.kind}`) | "
+                         f"{p.sent.replace('*', '·')} | {p.recv.replace('*', '·')} |")
+    return "\n".join(lines)
+
+
+__all__ = ["Algorithm", "Batch", "Context", "Payload", "REGISTRY", "Sizes", "payload_table", "resolve"]

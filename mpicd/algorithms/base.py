@@ -7,12 +7,15 @@ epoch. All communication goes through ``ctx.comm`` so the ledger sees every byte
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ast
+import operator
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
 
+from ..ledger import KINDS
 from ..models import FeatureHeadModel
 
 if TYPE_CHECKING:  # the comm layer imports MPI; `mpicd check` must work without it
@@ -56,6 +59,70 @@ class NoParams:
     """For algorithms without hyper-parameters."""
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """What a round's bytes depend on: N ranks, C classes, D feature dimension, P parameters and
+    B floating-point buffer elements (BatchNorm statistics; 0 for lenet, fedavgcnn and mlp)."""
+
+    N: int
+    C: int
+    D: int
+    P: int
+    B: int = 0
+
+    @classmethod
+    def of(cls, model: FeatureHeadModel, clients: int) -> "Sizes":
+        return cls(N=clients, C=model.num_classes, D=model.feature_dim,
+                   P=sum(p.numel() for p in model.parameters()),
+                   B=sum(b.numel() for b in model.buffers() if b.is_floating_point()))
+
+
+_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def _evaluate(node: ast.AST, names: dict) -> int:
+    """An integer formula of +, -, * over names and integers (no eval: the text is the declaration)."""
+    if isinstance(node, ast.Expression):
+        return _evaluate(node.body, names)
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.Name) and node.id in names:
+        return names[node.id]
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+        return _ARITHMETIC[type(node.op)](_evaluate(node.left, names), _evaluate(node.right, names))
+    raise ValueError(f"payload formula: unsupported {ast.dump(node)}")
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What one rank sends each round under some options: the single declaration that the README
+    table (:func:`mpicd.algorithms.payload_table`), ``jobs/bench_comm.py`` and the byte tests read.
+
+    ``sent`` / ``recv`` are this rank's bytes per round as formulas in N, C, D, P, B (:class:`Sizes`)
+    and S, the number of students it serves in the round (co-distillation's plan); ``when`` the
+    option values under which it applies (empty: always).
+    """
+
+    kind: str            # one of mpicd.ledger.KINDS
+    what: str
+    shape: str
+    sent: str
+    recv: str
+    when: tuple[tuple[str, object], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"payload kind {self.kind!r} is not one of {KINDS}")
+        self.bytes(Sizes(1, 1, 1, 1, 1), 1)  # a malformed formula fails at import
+
+    def applies(self, params) -> bool:
+        return all(getattr(params, key) == value for key, value in self.when)
+
+    def bytes(self, sizes: Sizes, students: int = 0) -> tuple[int, int]:
+        names = {**asdict(sizes), "S": students}
+        return tuple(_evaluate(ast.parse(f, mode="eval"), names) for f in (self.sent, self.recv))
+
+
 class Algorithm:
     """Subclass, set ``name`` and ``Params``, override the hooks you need, add a registry line."""
 
@@ -63,6 +130,7 @@ class Algorithm:
     Params: ClassVar[type] = NoParams
     trains_on_union: ClassVar[bool] = False  # True: every rank trains on all clients' training data
     carried: ClassVar[tuple[str, ...]] = ()  # attributes that carry state from one round to the next
+    payloads: ClassVar[tuple[Payload, ...]] = ()  # what leaves a rank each round, per option; none: nothing
 
     def state_dict(self) -> dict:
         """What a checkpoint must hold for the next round to equal an uninterrupted run's."""
@@ -80,6 +148,24 @@ class Algorithm:
     def check(cls, params, train_counts: np.ndarray, expertise: np.ndarray) -> None:
         """Reject hyper-parameters the partition cannot satisfy (ConfigError), before training."""
 
+    @classmethod
+    def payload_for(cls, params) -> Payload | None:
+        """The declared payload that ``params`` select (None: nothing leaves the rank)."""
+        chosen = [p for p in cls.payloads if p.applies(params)]
+        if len(chosen) > 1:
+            raise RuntimeError(f"{cls.name}: {len(chosen)} payloads apply to {params}")
+        return chosen[0] if chosen else None
+
+    @classmethod
+    def bytes_per_round(cls, sizes: Sizes, params, students: int = 0) -> dict[str, tuple[int, int]]:
+        """This rank's (sent, received) bytes in one round for every kind of :data:`mpicd.ledger.KINDS`;
+        ``students``: how many clients this rank teaches in the round (co-distillation)."""
+        counts = dict.fromkeys(KINDS, (0, 0))
+        payload = cls.payload_for(params)
+        if payload is not None:
+            counts[payload.kind] = payload.bytes(sizes, students)
+        return counts
+
     def before_epoch(self, round_index: int) -> None:
         """Exchange what the coming epoch needs (co-distillation's representations)."""
 
@@ -89,6 +175,10 @@ class Algorithm:
 
     def after_epoch(self, round_index: int) -> None:
         """Exchange what the finished epoch produced (averaging, prototypes, logits)."""
+
+    def drop_update(self, round_index: int) -> None:
+        """This client's update of the round is dropped (``on_nonfinite: skip``): it still takes
+        part in the round's remaining exchanges, contributing nothing. Default: nothing to do."""
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Logits used for evaluation."""

@@ -5,15 +5,18 @@ Each round every client i learns from a teacher t(i) != i drawn from an RNG seed
 each of its students the mean feature vector R (D floats) of k random images of its expertise
 class, computed in eval mode; the student adds lambda * MSE(f(x_b), R) over the batch samples
 labelled with the teacher's expertise class. No parameters ever move.
+Bytes per round per rank (``payloads``): ``4 D S`` sent to its S students, ``4 D`` received (kind
+``p2p``); a single client (N = 1) sends and receives nothing, and a teacher whose update was
+dropped (``on_nonfinite: skip``, ``/metrics/skipped``) sends its students empty messages (0 bytes).
 
 Two options reproduce the authors' code (both off by default):
 
 * ``teacher_per: batch``: each minibatch draws its own teacher t != rank (from the stream
   (seed, BATCH_TEACHERS, round, rank), one draw per batch), so any client may be needed: every
-  rank Allgathers its representation (4 D sent, 4 N D received) instead of the point-to-point send.
+  rank Allgathers its representation (``4 D`` sent, ``4 N D`` received) instead of the point-to-point send.
 * ``classes: all``: the term covers every sample, against the teacher's mean feature of the
-  sample's class; every rank Allgathers its C x D table of per-class means (4 C D sent,
-  4 N C D received).
+  sample's class; every rank Allgathers its C x D table of per-class means (``4 C D`` sent,
+  ``4 N C D`` received), whatever ``teacher_per``.
 
 With either option ``/comm/teacher`` holds the round's shared assignment only when teachers are
 drawn per round; per minibatch it is -1.
@@ -30,7 +33,7 @@ import torch.nn.functional as F
 
 from ..config import ConfigError, spec
 from .. import seeds
-from .base import Algorithm, Batch, Context
+from .base import Algorithm, Batch, Context, Payload, Sizes
 
 MEAN_CHUNK = 256  # images per forward pass when a teacher averages its features
 
@@ -55,6 +58,22 @@ class CoDistillParams:
 class CoDistillation(Algorithm):
     name = "codistill"
     Params = CoDistillParams
+    payloads = (
+        Payload("p2p", "the mean feature vector R (eval mode) of k images of its expertise class, to each "
+                       "of its S students this round; R from its own teacher",
+                "(1, D) per message", sent="4*D*S", recv="4*D",
+                when=(("teacher_per", "round"), ("classes", "expertise"))),
+        Payload("allgather", "R as above, to every rank (any rank may teach a minibatch)",
+                "(1, D) block, (N, 1, D) gathered", sent="4*D", recv="4*N*D",
+                when=(("teacher_per", "batch"), ("classes", "expertise"))),
+        Payload("allgather", "its mean feature vector of each class (eval mode, k images each), to every rank",
+                "(C, D) block, (N, C, D) gathered", sent="4*C*D", recv="4*N*C*D", when=(("classes", "all"),)),
+    )
+
+    @classmethod
+    def bytes_per_round(cls, sizes: Sizes, params, students: int = 0) -> dict[str, tuple[int, int]]:
+        counts = super().bytes_per_round(sizes, params, students)
+        return counts if sizes.N > 1 else {kind: (0, 0) for kind in counts}  # one client: no peer
 
     @classmethod
     def check(cls, params: CoDistillParams, train_counts: np.ndarray, expertise: np.ndarray) -> None:
@@ -117,15 +136,23 @@ class CoDistillation(Algorithm):
         if self.params.teacher_per == "batch":
             self.batch_teachers = seeds.rng(ctx.seed, seeds.BATCH_TEACHERS, round_index, ctx.rank)
 
+    def drop_update(self, round_index: int) -> None:
+        self.dropping = round_index  # dropped before the exchange: this round's students get nothing
+
+    dropping: int | None = None
+
     def _send_to_students(self, round_index: int) -> None:
-        """The method as published: the representation goes only to this round's students."""
+        """The method as published: the representation goes only to this round's students
+        (an empty message when this client's update was dropped: they train without the term)."""
         ctx = self.ctx
         students = np.flatnonzero(self.teachers == ctx.rank)
-        mine = self.class_means(round_index) if len(students) else None
+        nothing = self.dropping == round_index
+        mine = (np.zeros(0, dtype=np.float32) if nothing else self.class_means(round_index)) if len(students) else None
         teacher = int(self.teachers[ctx.rank])
         received = np.empty((1, ctx.model.feature_dim), dtype=np.float32)
-        ctx.comm.exchange([(int(s), mine) for s in students], [(teacher, received)], tag=round_index % 32768)
-        self.received = {teacher: torch.from_numpy(received).to(ctx.device)}
+        (got,) = ctx.comm.exchange([(int(s), mine) for s in students], [(teacher, received)],
+                                   tag=round_index % 32768, allow_empty=True)
+        self.received = {teacher: torch.from_numpy(received).to(ctx.device)} if got else {}
 
     def batch_teacher(self) -> int:
         """The teacher of the next minibatch: t(rank), or with ``teacher_per: batch`` a fresh

@@ -13,7 +13,13 @@ tensors, so it adds a constant to the loss and FedAMP silently becomes local tra
 Round 0 is plain local training; the exchange happens after every epoch, the last included.
 Only parameters are exchanged: BatchNorm statistics (resnet18) are personal state.
 
-Bytes per round per rank: ``4 P`` sent, ``4 N P`` received (kind ``allgather``).
+Bytes per round per rank (``payloads``): ``4 P`` sent, ``4 N P`` received (kind ``allgather``). With
+``exchange: ring`` (for large models on many ranks: ResNet-18 on 32 ranks gathers 1.4 GB per rank)
+the models travel round a ring in N - 1 point-to-point steps instead: ``4 (N - 1) P`` sent and
+``4 (N - 1) P`` received (kind ``p2p``), and a rank holds at most three float32 models (its own, the
+one it passes on, the one arriving) and two float64 work vectors, 7P floats whatever N, instead of
+N P; xi and u_i are accumulated as the models pass (:func:`streaming_cloud`), equal to the
+Allgather's up to the order of float summation.
 
 **Units of alpha and sigma.** ``||w_i - w_j||^2`` and ``||w - u_i||^2`` are sums over the P
 coordinates, so any fixed sigma is either far too small for a ResNet-18 (11M parameters: every
@@ -56,6 +62,7 @@ the rest split as a softmax of ``cosine_scale * cos(w_i, w_j)`` over the other c
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal, Union
 
@@ -63,8 +70,8 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, spec
-from .base import Algorithm, Batch, Context
-from .fedavg import assign, flatten
+from .base import Algorithm, Batch, Context, Payload
+from .aggregate import assign, flatten
 
 
 def squared_distances(models: np.ndarray, i: int) -> np.ndarray:
@@ -107,6 +114,67 @@ def cloud_model(models: np.ndarray, xi: np.ndarray) -> np.ndarray:
     return u.astype(np.float32)
 
 
+def ring(comm, own: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """Yield (j, w_j) for every other rank j, holding two receive buffers besides ``own``.
+
+    N - 1 steps; in step s every rank sends to rank + 1 what arrived in step s - 1 (its own model
+    first) and receives from rank - 1, so it then holds w_{rank - s}. Each step is one
+    ``Comm.exchange`` (both sides posted before the wait, tag s): it cannot deadlock. A yielded
+    buffer is valid until the next step but one, i.e. while the caller uses it.
+    """
+    n, i = comm.size, comm.rank
+    buffers, outgoing = (np.empty_like(own), np.empty_like(own)), own
+    for step in range(1, n):
+        incoming = buffers[step % 2]
+        comm.exchange([((i + 1) % n, outgoing)], [((i - 1) % n, incoming)], tag=step)
+        yield (i - step) % n, incoming
+        outgoing = incoming
+
+
+def streaming_cloud(own: np.ndarray, i: int, n: int, arrivals: Iterable[tuple[int, np.ndarray]],
+                    similarity: str, alpha: float, sigma: float, self_weight: float,
+                    scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Row i of xi and u_i (float32) from the other models seen once each, in any order.
+
+    What :func:`gaussian_weights` / :func:`cosine_weights` and :func:`cloud_model` compute from all
+    N models, with one float64 accumulator: a gaussian weight is final when w_j arrives; cosine's
+    softmax over the others is online (running max m of the logits, sum_j exp(l_j - m) and
+    sum_j exp(l_j - m) w_j, both rescaled by exp(m_old - m_new) when the max grows).
+    """
+    xi, u = np.zeros(n), np.zeros(len(own), dtype=np.float64)
+    if n == 1:
+        xi[i] = 1.0
+        return xi, own.copy()
+    work = np.empty_like(u)
+    own_norm = max(float(np.sqrt(np.square(own, out=work, dtype=np.float64).sum())), 1e-12)
+    top, total = -np.inf, 0.0                                      # cosine: running max and sum
+    for j, w in arrivals:
+        if similarity == "gaussian":
+            np.subtract(w, own, out=work, dtype=np.float64)
+            xi[j] = weight = alpha * np.exp(-float(np.sum(np.square(work, out=work))) / sigma) / sigma
+        else:
+            norm = max(float(np.sqrt(np.square(w, out=work, dtype=np.float64).sum())), 1e-12)
+            cos = float(np.multiply(w, own, out=work, dtype=np.float64).sum()) / (norm * own_norm)
+            xi[j] = logit = scale * cos                             # the logit until the end
+            if logit > top:
+                u *= np.exp(top - logit)
+                total *= np.exp(top - logit)
+                top = logit
+            weight = np.exp(logit - top)
+            total += weight
+        u += np.multiply(w, weight, out=work, dtype=np.float64)
+    others = np.arange(n) != i
+    if similarity == "gaussian":
+        xi[i] = 1.0 - xi[others].sum()
+        u += np.multiply(own, xi[i], out=work, dtype=np.float64)
+    else:
+        e = np.exp(xi[others] - top)
+        xi[others], xi[i] = (1.0 - self_weight) * e / e.sum(), self_weight
+        u *= (1.0 - self_weight) / total
+        u += np.multiply(own, self_weight, out=work, dtype=np.float64)
+    return xi, u.astype(np.float32)
+
+
 @dataclass
 class FedAMPParams:
     lambda_: float = spec(0.1, ge=0.0, doc="weight of the proximal term (lambda / (2 alpha)) ||w - u_i||^2; "
@@ -119,7 +187,11 @@ class FedAMPParams:
     similarity: Literal["gaussian", "cosine"] = spec(
         "gaussian", doc="gaussian: the paper's xi from squared distances; cosine: the heuristic HeurFedAMP")
     self_weight: float = spec(0.5, ge=0.0, le=1.0, doc="cosine only: xi_ii")
-    cosine_scale: float = spec(10.0, gt=0.0, doc="cosine only: the other clients' weights are softmax(cosine_scale * cos)")
+    cosine_scale: float = spec(10.0, gt=0.0,
+                               doc="cosine only: the other clients' weights are softmax(cosine_scale * cos)")
+    exchange: Literal["allgather", "ring"] = spec(
+        "allgather", doc="allgather: every rank holds all N models (4P sent, 4NP received); ring: N - 1 p2p steps "
+                         "passing models on, at most 3 held (4(N-1)P sent and received), same result up to rounding")
 
 
 def alpha_per_parameter(params: FedAMPParams, clients: int) -> float:
@@ -130,6 +202,12 @@ class FedAMP(Algorithm):
     name = "fedamp"
     Params = FedAMPParams
     carried = ("xi", "cloud")
+    payloads = (
+        Payload("allgather", "its flattened parameters w_i (BatchNorm statistics stay personal), to every rank",
+                "(P,) block, (N, P) gathered", sent="4*P", recv="4*N*P", when=(("exchange", "allgather"),)),
+        Payload("p2p", "its parameters, then each model it received, to the next rank in a ring (N - 1 steps)",
+                "(P,) per step", sent="4*(N-1)*P", recv="4*(N-1)*P", when=(("exchange", "ring"),)),
+    )
 
     @classmethod
     def check(cls, params: FedAMPParams, train_counts: np.ndarray, expertise: np.ndarray) -> None:
@@ -155,10 +233,17 @@ class FedAMP(Algorithm):
         return gaussian_weights(squared_distances(models, i), i, self.alpha, self.sigma)
 
     def after_epoch(self, round_index: int) -> None:
-        models = self.ctx.comm.allgather(flatten(list(self.ctx.model.parameters())))
-        self.xi = self.weights(models)
+        own = flatten(list(self.ctx.model.parameters()))
+        if self.params.exchange == "ring":
+            cfg = self.params
+            self.xi, u = streaming_cloud(own, self.ctx.rank, self.ctx.size, ring(self.ctx.comm, own), cfg.similarity,
+                                         self.alpha, self.sigma, cfg.self_weight, cfg.cosine_scale)
+        else:
+            models = self.ctx.comm.allgather(own)
+            self.xi = self.weights(models)
+            u = cloud_model(models, self.xi)
         cloud = [torch.empty_like(p, requires_grad=False) for p in self.ctx.model.parameters()]
-        assign(cloud, cloud_model(models, self.xi))
+        assign(cloud, u)
         self.cloud = cloud
 
     def proximal(self) -> torch.Tensor:

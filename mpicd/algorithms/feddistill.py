@@ -16,7 +16,8 @@ has a teacher t.
   sends every client the same average): the teacher is the mean over all clients that had c, this
   rank's own mean included.
 
-Bytes per round per rank: ``4 C (C + 1)`` sent and received (kind ``allreduce``), either way.
+Bytes per round per rank (``payloads``): ``4 C (C + 1)`` sent and received (kind ``allreduce``),
+either way.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from ..config import spec
-from .base import Algorithm, Batch, Context
-from .fedproto import PerClassMeans, mean_over_clients
+from .base import Algorithm, Batch, Context, Payload
+from .aggregate import PerClassMeans, mean_over_clients
 
 
 def teacher_logits(received: np.ndarray, sent: np.ndarray, num_classes: int,
@@ -53,6 +54,8 @@ class FedDistillParams:
 class FedDistill(Algorithm):
     name = "feddistill"
     Params = FedDistillParams
+    payloads = (Payload("allreduce", "[per-class mean training-mode logits ; 1 for each class it has]",
+                        "(C C + C,)", sent="4*C*(C+1)", recv="4*C*(C+1)"),)
     carried = ("targets", "has_teacher")
 
     def __init__(self, params: FedDistillParams, ctx: Context):
@@ -65,6 +68,9 @@ class FedDistill(Algorithm):
 
     def before_epoch(self, round_index: int) -> None:
         self.local.reset()
+
+    def drop_update(self, round_index: int) -> None:
+        self.local.reset()  # no class counts: the others' means, as if this client were absent
 
     def extra_loss(self, batch: Batch) -> torch.Tensor | None:
         self.local.add(batch.logits, batch.y)

@@ -20,7 +20,8 @@ client had has no prototype. From the next round on the batch loss is
 ``CE + lambda * MSE(f(x_b), p[y_b])`` over the batch's samples whose class has a global prototype
 (mean over those samples and the D coordinates). Models are never averaged.
 
-Bytes per round per rank: ``4 C (D + 1)`` sent and received (kind ``allreduce``), either way.
+Bytes per round per rank (``payloads``): ``4 C (D + 1)`` sent and received (kind ``allreduce``),
+either way.
 
 Prediction uses the client's own head by default; ``predict: nearest_prototype`` classifies by
 the nearest global prototype in squared Euclidean distance (what the reference code does).
@@ -36,62 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from ..config import spec
-from .base import Algorithm, Batch, Context
-
-
-class PerClassMeans:
-    """Per-class sums and counts of vectors over a round, and the Allreduce payloads built from them.
-
-    Both payloads are one contiguous float32 vector ``[rows (C x width) ; weights (C)]``:
-    ``weighted=True``: rows are the sums n_c * mean_c, weights the counts n_c;
-    ``weighted=False``: rows are the means, weights 1 for a class this client saw. A class it did
-    not see has a zero row and weight 0 in both. Summed over ranks and divided row by row
-    (:func:`mean_over_clients`), the first gives the sample-weighted, the second the equal-weighted
-    mean of the clients' means.
-    """
-
-    def __init__(self, num_classes: int, width: int, device: torch.device):
-        self.num_classes, self.width = num_classes, width
-        # float64 sums: exact enough whatever the number of samples (CUDA and CPU support it)
-        self.sums = torch.zeros(num_classes, width, dtype=torch.float64, device=device)
-        self.counts = torch.zeros(num_classes, dtype=torch.float64, device=device)
-
-    def reset(self) -> None:
-        self.sums.zero_()
-        self.counts.zero_()
-
-    def add(self, values: torch.Tensor, labels: torch.Tensor) -> None:
-        values = values.detach().to(torch.float64)
-        self.sums.index_add_(0, labels, values)
-        self.counts.index_add_(0, labels, torch.ones_like(labels, dtype=torch.float64))
-
-    def payload(self, weighted: bool = False) -> np.ndarray:
-        if weighted:
-            rows, weights = self.sums, self.counts
-        else:
-            present = self.counts > 0
-            rows = torch.where(present[:, None], self.sums / self.counts.clamp(min=1)[:, None],
-                               torch.zeros_like(self.sums))
-            weights = present.to(torch.float64)
-        flat = torch.cat([rows.reshape(-1), weights]).to(torch.float32)
-        return np.ascontiguousarray(flat.cpu().numpy())
-
-    def split(self, vector: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """A payload (or a sum of payloads) -> (rows (C, width), weights (C,))."""
-        c, w = self.num_classes, self.width
-        return vector[: c * w].reshape(c, w), vector[c * w:]
-
-
-def mean_over_clients(summed: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(summed rows, summed weights) -> (global means = rows / weights, has_mean = weights > 0).
-
-    Weights are sample counts or client counts: integers held exactly in float32. Rows of
-    classes without weight are zero and flagged False.
-    """
-    has = weights > 0.5
-    means = np.zeros_like(summed)
-    means[has] = summed[has] / weights[has, None]
-    return means, has
+from .aggregate import PerClassMeans, mean_over_clients
+from .base import Algorithm, Batch, Context, Payload
 
 
 @dataclass
@@ -107,6 +54,12 @@ class FedProtoParams:
 class FedProto(Algorithm):
     name = "fedproto"
     Params = FedProtoParams
+    payloads = (
+        Payload("allreduce", "[per-class sums of its training-mode features ; per-class sample counts]",
+                "(C D + C,)", sent="4*C*(D+1)", recv="4*C*(D+1)", when=(("weighting", "samples"),)),
+        Payload("allreduce", "[per-class mean training-mode features ; 1 for each class it has]",
+                "(C D + C,)", sent="4*C*(D+1)", recv="4*C*(D+1)", when=(("weighting", "equal"),)),
+    )
     carried = ("prototypes", "has_prototype")
 
     def __init__(self, params: FedProtoParams, ctx: Context):
@@ -119,6 +72,9 @@ class FedProto(Algorithm):
 
     def before_epoch(self, round_index: int) -> None:
         self.local.reset()
+
+    def drop_update(self, round_index: int) -> None:
+        self.local.reset()  # no class counts: the others' means, as if this client were absent
 
     def extra_loss(self, batch: Batch) -> torch.Tensor | None:
         self.local.add(batch.features, batch.y)

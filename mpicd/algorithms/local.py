@@ -1,4 +1,7 @@
-"""Local training only: each client trains alone and nothing crosses MPI (the lower reference)."""
+"""Local training only: each client trains alone and nothing crosses MPI (the lower reference).
+
+Bytes per round per rank: 0 (no ``payloads``).
+"""
 
 from __future__ import annotations
 

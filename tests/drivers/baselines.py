@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from mpicd.algorithms import REGISTRY
-from mpicd.algorithms.fedavg import averaged_tensors, flatten
+from mpicd.algorithms.aggregate import averaged_tensors, flatten
 from mpicd.cli import main
 from mpicd.comm import Comm
 from mpicd.config import load_config
@@ -127,9 +127,7 @@ def identical() -> None:
     fed.comm = types.SimpleNamespace(rank=0)  # the loop's shuffle order is keyed by rank: use rank 0's
     dump = {}
     for r in range(IDENTICAL_ROUNDS):
-        fed.algorithm.before_epoch(r)
-        fed.local_epochs(r)
-        fed.algorithm.after_epoch(r)
+        fed.train_round(r)
         single.local_epochs(r)
         dump[f"fedavg_{r}"] = flatten(averaged_tensors(fed.model))
         dump[f"single_{r}"] = flatten(averaged_tensors(single.model))

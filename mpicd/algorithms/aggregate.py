@@ -1,0 +1,98 @@
+"""Aggregation helpers the algorithms share: models as flat vectors, per-class means over clients.
+
+Here rather than in one algorithm's module, so that no algorithm imports another.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def averaged_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Parameters, then floating-point buffers, in a fixed order: what FedAvg averages.
+
+    BatchNorm's running mean and variance are averaged with the same weights as the parameters:
+    they are statistics of the training data, and the averaged model must be evaluated with
+    statistics of the same (pooled) distribution its averaged weights were fitted to.
+    Integer buffers (BatchNorm's ``num_batches_tracked``) are left out: it is a step counter,
+    not a statistic; a weighted mean of counters is not an integer and means nothing, and
+    torch only reads it when ``momentum=None`` (cumulative averaging), which no mpicd model uses.
+    """
+    return [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())]
+
+
+def flatten(tensors: list[torch.Tensor]) -> np.ndarray:
+    """The tensors as one contiguous float32 vector on the CPU."""
+    if not tensors:
+        return np.zeros(0, dtype=np.float32)
+    flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
+    return np.ascontiguousarray(flat.cpu().numpy(), dtype=np.float32)
+
+
+def assign(tensors: list[torch.Tensor], vector: np.ndarray) -> None:
+    """Copy ``vector`` (the layout of :func:`flatten`) into the tensors, in place."""
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(torch.from_numpy(vector[offset : offset + n]).reshape(t.shape).to(t.device, t.dtype))
+            offset += n
+    if offset != len(vector):
+        raise RuntimeError(f"fedavg: vector has {len(vector)} values, the model {offset}")
+
+
+class PerClassMeans:
+    """Per-class sums and counts of vectors over a round, and the Allreduce payloads built from them.
+
+    Both payloads are one contiguous float32 vector ``[rows (C x width) ; weights (C)]``:
+    ``weighted=True``: rows are the sums n_c * mean_c, weights the counts n_c;
+    ``weighted=False``: rows are the means, weights 1 for a class this client saw. A class it did
+    not see has a zero row and weight 0 in both. Summed over ranks and divided row by row
+    (:func:`mean_over_clients`), the first gives the sample-weighted, the second the equal-weighted
+    mean of the clients' means.
+    """
+
+    def __init__(self, num_classes: int, width: int, device: torch.device):
+        self.num_classes, self.width = num_classes, width
+        # float64 sums: exact enough whatever the number of samples (CUDA and CPU support it)
+        self.sums = torch.zeros(num_classes, width, dtype=torch.float64, device=device)
+        self.counts = torch.zeros(num_classes, dtype=torch.float64, device=device)
+
+    def reset(self) -> None:
+        self.sums.zero_()
+        self.counts.zero_()
+
+    def add(self, values: torch.Tensor, labels: torch.Tensor) -> None:
+        values = values.detach().to(torch.float64)
+        self.sums.index_add_(0, labels, values)
+        self.counts.index_add_(0, labels, torch.ones_like(labels, dtype=torch.float64))
+
+    def payload(self, weighted: bool = False) -> np.ndarray:
+        if weighted:
+            rows, weights = self.sums, self.counts
+        else:
+            present = self.counts > 0
+            rows = torch.where(
+                present[:, None], self.sums / self.counts.clamp(min=1)[:, None], torch.zeros_like(self.sums)
+            )
+            weights = present.to(torch.float64)
+        flat = torch.cat([rows.reshape(-1), weights]).to(torch.float32)
+        return np.ascontiguousarray(flat.cpu().numpy())
+
+    def split(self, vector: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A payload (or a sum of payloads) -> (rows (C, width), weights (C,))."""
+        c, w = self.num_classes, self.width
+        return vector[: c * w].reshape(c, w), vector[c * w :]
+
+
+def mean_over_clients(summed: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(summed rows, summed weights) -> (global means = rows / weights, has_mean = weights > 0).
+
+    Weights are sample counts or client counts: integers held exactly in float32. Rows of
+    classes without weight are zero and flagged False.
+    """
+    has = weights > 0.5
+    means = np.zeros_like(summed)
+    means[has] = summed[has] / weights[has, None]
+    return means, has
