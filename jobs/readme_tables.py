@@ -1,15 +1,20 @@
-"""Regenerate README.md's configuration tables from the declarations (what tests/test_readme.py checks).
+"""Regenerate README.md's generated sections from the declarations (what tests/test_readme.py and
+tests/test_payloads.py check): the configuration tables and the "What leaves a rank" table.
 
     .venv/bin/python jobs/readme_tables.py
 """
 
 from pathlib import Path
 
+from mpicd.algorithms import payload_table
 from mpicd.cli import config_tables
 
-BEGIN, END = "<!-- mpicd config --markdown: begin -->", "<!-- mpicd config --markdown: end -->"
+SECTIONS = {"<!-- mpicd config --markdown: begin -->": ("<!-- mpicd config --markdown: end -->", config_tables),
+            "<!-- payload table: begin -->": ("<!-- payload table: end -->", payload_table)}
 readme = Path(__file__).resolve().parents[1] / "README.md"
 text = readme.read_text()
-head, rest = text.split(BEGIN, 1)
-_, tail = rest.split(END, 1)
-readme.write_text(f"{head}{BEGIN}\n{config_tables()}\n{END}{tail}")
+for begin, (end, generate) in SECTIONS.items():
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    text = f"{head}{begin}\n{generate()}\n{end}{tail}"
+readme.write_text(text)

@@ -1,11 +1,13 @@
-"""Command line: ``mpicd run | check | config | report | sweep | pack``; argument parsing and exit codes only."""
+"""Command line: ``mpicd run | check | config | report | sweep | pack | bench``; parsing and exit codes only."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from typing import Callable, TypeVar
+import time
+from typing import TypeVar
+from collections.abc import Callable
 
 import yaml
 
@@ -14,6 +16,7 @@ from .config import Config, ConfigError, KeyDoc, describe, inline, load_config
 
 T = TypeVar("T")
 EXIT_BAD_INPUT = 2
+_LOADED_AT: float | None = time.time()  # start-up origin of a process's first run (`python -m mpicd`)
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
@@ -61,7 +64,25 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     config.add_argument("--algorithm", metavar="NAME", help="show this algorithm's own keys (default: codistill)")
     config.add_argument("--markdown", action="store_true", help="every key of every algorithm as the README's "
                         "Markdown tables")
-    return {"run": run, "check": check, "config": config, "report": report, "sweep": sweep, "pack": pack}
+    bench = argparse.ArgumentParser(prog="mpicd bench", description="measure overhead, round anatomy, parallel vs "
+                                    "serial, start-up and the network, and project round times to 1024 ranks; "
+                                    "start it WITHOUT mpirun: it launches its own MPI jobs (srun under Slurm)")
+    bench.add_argument("--ranks", type=int, help="ranks of the multi-rank parts and the start-up (default 4; "
+                       "--quick: 2)")
+    bench.add_argument("--repeats", type=int, help="repeats of every measurement (default 3; --quick: 1)")
+    bench.add_argument("--rounds", type=int, help="rounds per run, the first a warm-up (default 6; --quick: 2)")
+    bench.add_argument("--quick", action="store_true", help="smoke test: 2 ranks, 2 rounds, 1 repeat, 40 images "
+                       "per class, 2 message sizes")
+    bench.add_argument("--config", help="an image dataset's config (default configs/pneumoniamnist.yaml)")
+    bench.add_argument("--data", metavar="NPZ", help="the dataset file (sets data.path)")
+    bench.add_argument("--json", metavar="FILE", help="write every figure as JSON")
+    bench.add_argument("--plot", metavar="FILE", help="the projection as a plot (needs matplotlib)")
+    bench.add_argument("--timeout", type=float, metavar="S", help="seconds before a launched job is killed "
+                       "(default 3600)")
+    bench.add_argument("--threads", type=int, metavar="T", help="torch threads of the one-process parts (overhead, "
+                       "serial, ResNet-18 compute); default: what mpicd gives one rank alone here")
+    return {"run": run, "check": check, "config": config, "report": report, "sweep": sweep, "pack": pack,
+            "bench": bench}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,8 +96,15 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_BAD_INPUT
     args = parsers[argv[0]].parse_intermixed_args(argv[1:])
-    commands = {"check": check, "config": config, "run": run, "report": report, "sweep": sweep, "pack": pack}
+    commands = {"check": check, "config": config, "run": run, "report": report, "sweep": sweep, "pack": pack,
+                "bench": bench}
     return commands[argv[0]](args)
+
+
+def bench(args: argparse.Namespace) -> int:
+    from .bench import main
+
+    return main(args)
 
 
 def pack(args: argparse.Namespace) -> int:
@@ -86,10 +114,11 @@ def pack(args: argparse.Namespace) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
-    from .plan import prepare
-
     try:
-        plan = prepare(load_config(args.config, args.overrides))
+        config = load_config(args.config, args.overrides)  # before torch's import: a bad key fails at once
+        from .plan import prepare
+
+        plan = prepare(config)
     except ConfigError as err:
         print(f"mpicd: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -266,20 +295,30 @@ def run(args: argparse.Namespace) -> int:
     from .comm import Comm
     from .runtime import abort_on_exception
 
+    global _LOADED_AT
+    marks, _LOADED_AT = [_LOADED_AT or time.time()], None  # a later run in this process starts here
     stop = signals.install()
     comm = Comm()
-    with abort_on_exception(comm.mpi):
+    marks.append(time.time())
+    with abort_on_exception(comm.mpi, where=comm.where):
         try:  # the config and the rank count first: a wrong -n / --ntasks fails before torch or the data load
             config = agreed(comm, lambda: _config_for(comm, args))
+            marks.append(time.time())
             from .loop import placement_row, run as run_rounds
             from .plan import prepare
             from .runtime import place
 
-            plan = agreed(comm, lambda: prepare(config))
+            marks.append(time.time())
+            plan = agreed(comm, lambda: prepare(config, comm))  # read once per node, shared
+            marks.append(time.time())
             placement = agreed(comm, lambda: place(comm.mpi, plan.config.device))
+            marks.append(time.time())
+            out = args.out or plan.config.output
+            agreed(comm, lambda: comm.rank == 0 and _check_output(plan, out))
+            marks.append(time.time())
         except ConfigError:
             return EXIT_BAD_INPUT
-        out = args.out or plan.config.output
+        startup = startup_seconds(comm, marks)
         if comm.rank == 0:
             print(f"mpicd: {plan.algorithm_cls.name} on {plan.dataset.name}, {comm.size} clients, "
                   f"{plan.config.rounds} rounds, {placement.device} ({placement.threads} threads/rank) "
@@ -289,7 +328,7 @@ def run(args: argparse.Namespace) -> int:
               f"{row['threads']} threads", flush=True)
         try:  # a refused resume raises on every rank at the same point (see loop.resume_point)
             outcome = run_rounds(plan, comm, placement, out, resume=args.resume,
-                                 log=lambda line: print(line, flush=True), stop_requested=stop)
+                                 log=lambda line: print(line, flush=True), stop_requested=stop, startup=startup)
         except ConfigError as err:
             if comm.rank == 0:
                 print(f"mpicd: {err}", file=sys.stderr, flush=True)
@@ -299,6 +338,38 @@ def run(args: argparse.Namespace) -> int:
         if comm.rank == 0:
             print(f"mpicd: results written to {out}", flush=True)
     return 0
+
+
+# Rank 0's start-up, split at the marks of ``run`` (wall seconds; a collective step includes waiting
+# for the slowest rank). ``launch``: from MPICD_LAUNCHED_AT (epoch seconds, set by whoever starts
+# mpirun, e.g. ``mpicd bench``) to this module's import; the model build and the results file's
+# creation happen in the round loop, after these.
+STARTUP_PHASES = ("launch", "mpi_init", "config", "imports", "data", "placement", "output_check")
+
+
+def startup_seconds(comm, marks: list[float]) -> dict[str, float]:
+    """Rank 0's seconds per start-up phase, the same dict on every rank (one Bcast, outside rounds)."""
+    import numpy as np
+
+    launched = os.environ.get("MPICD_LAUNCHED_AT", "")
+    try:
+        launch = marks[0] - float(launched) if launched else -1.0
+    except ValueError:
+        launch = -1.0
+    phases = comm.bcast(np.array([launch, *np.diff(marks)], dtype=np.float64))
+    return {name: float(s) for name, s in zip(STARTUP_PHASES, phases) if s >= 0}
+
+
+def _check_output(plan, out: str) -> None:
+    """The results folder is writable and has room for the file and the checkpoints (rank 0 only)."""
+    from .models import build_model, num_parameters
+    from .results import check_output_location, estimated_bytes
+
+    cfg, dataset = plan.config, plan.dataset
+    model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, cfg.model.feature_dim,
+                        cfg.model.hidden)
+    check_output_location(out, estimated_bytes(cfg.rounds, cfg.clients, dataset.num_classes,
+                                               num_parameters(model), cfg.checkpoint.every > 0))
 
 
 def _config_for(comm, args):

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -117,9 +116,10 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
                 say(f"start ({slot[0] + 1} of {count} pending; {tally()}): {' '.join(run.overrides)} -> {run.output}")
             comm, began = Comm(group_mpi), time.perf_counter()  # a fresh ledger per run
             try:
-                plan = agreed(comm, lambda: prepare(load_config(run.config, run.overrides)))
+                plan = agreed(comm, lambda run=run, comm=comm: prepare(load_config(run.config, run.overrides), comm))
                 outcome = run_rounds(plan, comm, placement, run.output, log=say, resume=True,
                                      stop_requested=stop_requested)
+                plan.release()  # the node's shared copy of this run's data (a refused resume: at exit)
             except ConfigError as err:
                 failed.append(run.index)
                 if leader:

@@ -1,7 +1,8 @@
 """A validated experiment: config, data, partition and algorithm, identical on every rank.
 
-``prepare`` does everything that can fail on bad input and holds no MPI state, so ``mpicd check``
-uses it without MPI and ``mpicd run`` can agree across ranks on a failure before anyone trains.
+``prepare`` does everything that can fail on bad input, so ``mpicd run`` can agree across ranks on
+a failure before anyone trains; without a communicator it needs no MPI (``mpicd check``), with one
+each node reads the data once and its ranks share it (:mod:`mpicd.nodeshare`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .algorithms import Algorithm, resolve
-from .config import Config, to_mapping
+from .config import Config, ConfigError, to_mapping
 from .data import Dataset, load_dataset
 from .data.partition import Partition, make_partition
 from .models import build_model
@@ -24,6 +25,7 @@ class Plan:
     partition: Partition
     algorithm_cls: type[Algorithm]
     algorithm_params: object
+    shared: object = None  # nodeshare.SharedMemory under the dataset's arrays (None: a private load)
 
     @property
     def resolved_config(self) -> dict:
@@ -32,14 +34,33 @@ class Plan:
         tree["algorithm"] = {"name": self.algorithm_cls.name, **to_mapping(self.algorithm_params)}
         return tree
 
+    def release(self) -> None:
+        """Free the node's shared data (collective over the node's ranks); the arrays are gone after."""
+        if self.shared is not None:
+            self.shared.free()
 
-def prepare(config: Config) -> Plan:
-    """Validate everything that depends on the input; raises ConfigError naming the culprit."""
+
+def prepare(config: Config, comm=None) -> Plan:
+    """Validate everything that depends on the input; raises ConfigError naming the culprit.
+
+    ``comm`` (a :class:`mpicd.comm.Comm`, collective): one rank per node loads the data and the
+    node's ranks share it read-only; without it this rank loads its own copy and MPI is never imported.
+    """
     algorithm_cls, params = resolve(config.algorithm)
-    dataset = load_dataset(config.data)
-    partition = make_partition(dataset.train.y, dataset.num_classes, config.clients, config.data.skew,
-                               config.data.images_per_class, config.seed, config.data.skew_mode)
-    algorithm_cls.check(params, partition.train_counts, partition.expertise)
-    build_model(config.model.name, dataset.input_shape, dataset.num_classes,  # a mismatch fails here
-                config.model.feature_dim, config.model.hidden)
-    return Plan(config, dataset, partition, algorithm_cls, params)
+    if comm is None:
+        dataset, shared = load_dataset(config.data), None
+    else:
+        from .nodeshare import load_shared
+
+        dataset, shared = load_shared(comm, lambda: load_dataset(config.data))
+    try:
+        partition = make_partition(dataset.train.y, dataset.num_classes, config.clients, config.data.skew,
+                                   config.data.images_per_class, config.seed, config.data.skew_mode)
+        algorithm_cls.check(params, partition.train_counts, partition.expertise)
+        build_model(config.model.name, dataset.input_shape, dataset.num_classes,  # a mismatch fails here
+                    config.model.feature_dim, config.model.hidden)
+    except ConfigError:
+        if shared is not None:  # the same data and config: every rank of the node fails here alike
+            shared.free()
+        raise
+    return Plan(config, dataset, partition, algorithm_cls, params, shared)

@@ -30,8 +30,9 @@ Layout (a contract the report and later tools rely on):
 The per-round datasets are declared once in :func:`columns`; creation, the collective write and
 the serial fallback's pack/unpack all follow that table.
 
-With h5py built against MPI every rank writes its own row inside ``dset.collective`` and all
-ranks make every metadata change together. Without MPI support rank 0 gathers the rows (through
+With h5py built against MPI (driver ``mpio``) every rank writes its own row with independent
+I/O (a third of the time of one collective write per column, measured in BENCHMARKS.md), and all
+ranks make every metadata change and the per-round flush together. Without MPI support rank 0 gathers the rows (through
 ``comm``, so the bytes are counted) and writes serially: the same layout. The file is flushed
 after every round and ``completed_rounds`` (updated in place) says how many rows are valid, so a
 crash leaves the finished rounds readable.
@@ -43,7 +44,8 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 import h5py
 import numpy as np
@@ -144,6 +146,7 @@ class ResultsWriter:
         self.comm = comm
         self.cols = columns(num_classes)
         self._pending_write: tuple[int, float] | None = None  # (round, seconds) of the last write
+        self.on_write: Callable[[], None] | None = None  # called inside write_round, before the writes
         self.parallel = h5py.get_config().mpi if parallel is None else parallel
         if not self.parallel and comm.rank == 0:
             why = "serial writer requested" if h5py.get_config().mpi else "h5py has no MPI support"
@@ -169,7 +172,7 @@ class ResultsWriter:
                 self.file["partition/test_counts"][...] = test_counts
                 self.file["partition/expertise"][...] = expertise
         else:
-            self.file.attrs["completed_rounds"] = resume_at
+            self.file.attrs.modify("completed_rounds", resume_at)
             self.file.attrs["resumed_at"] = [*self.file.attrs.get("resumed_at", []), resume_at]
         for key in ("host", "local_rank", "device", "threads"):
             self._put(f"placement/{key}", (), {
@@ -235,22 +238,30 @@ class ResultsWriter:
             gathered = self.comm.allgather(pack([*values, previous[1] if previous else np.nan]))
             per_rank = {rank: unpack(v[:-1], self.cols) for rank, v in enumerate(gathered)}
             timing = {rank: v[-1] for rank, v in enumerate(gathered)} if previous else {}
+        if self.on_write is not None:  # fault injection (debug.fail_at: in_write)
+            self.on_write()
         if self.file is not None:
             for i, col in enumerate(self.cols):
                 self._put(col.path, (round_index,), {rank: vals[i] for rank, vals in per_rank.items()})
             if previous:
                 self._put("metrics/write_seconds", (previous[0],), timing)
-            self.file.attrs["completed_rounds"] = round_index + 1
+            # modify writes the value in place: no window where the attribute is deleted
+            self.file.attrs.modify("completed_rounds", round_index + 1)
             self.file.flush()
         self._pending_write = (round_index, time.perf_counter() - started)
 
     def _put(self, name: str, index: tuple, values: dict) -> None:
-        """Write ``values[rank]`` at ``dset[(*index, rank)]``: collectively, or all rows serially."""
+        """Write ``values[rank]`` at ``dset[(*index, rank)]``: this rank's row, or all rows serially.
+
+        Parallel: an independent write of this rank's own contiguous row. A collective write per
+        column made every rank wait for all others ~22 times a round (4 ranks on 2 busy cores:
+        350-480 ms a round, against 110-170 ms now; BENCHMARKS.md); the round's one
+        synchronisation is the flush (collective, MPI_File_sync), after which every row is in the file.
+        """
         dset = self.file[name]
         if self.parallel:
             ((rank, value),) = values.items()
-            with dset.collective:
-                dset[(*index, rank)] = value
+            dset[(*index, rank)] = value
         else:
             for rank, value in values.items():
                 dset[(*index, rank)] = value
@@ -280,23 +291,87 @@ class ResultsWriter:
             self.file = None
 
 
+def check_output_location(path: str | Path, need_bytes: int) -> None:
+    """Before training: the results file's folder can be made and written, and has ``need_bytes`` free.
+
+    Raises ConfigError("output", ...) naming the path; the probe file it writes is removed.
+    """
+    import os
+    import shutil
+
+    from .config import ConfigError
+
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError("output", f"{str(path)!r} is a folder, not a results file")
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".{path.name}.{os.getpid()}.probe"
+        probe.write_bytes(b"mpicd")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError("output", f"cannot write in {str(folder)!r}: {err.strerror or err}") from None
+    free = shutil.disk_usage(folder).free
+    if free < need_bytes:
+        raise ConfigError("output", f"{str(folder)!r} has {free / 2**20:.1f} MiB free; this run needs about "
+                                    f"{need_bytes / 2**20:.1f} MiB (results file and checkpoints)")
+
+
+def estimated_bytes(rounds: int, clients: int, num_classes: int, parameters: int, checkpoints: bool) -> int:
+    """A generous upper bound of the results file plus the checkpoints (two per rank, model and
+    optimizer state at 3 float32 values per parameter) a run writes."""
+    per_round = sum(8 * (int(np.prod(c.shape)) if c.shape else 1) for c in columns(num_classes)) + 8
+    results = 2 * rounds * clients * per_round + 2**20
+    return results + (2 * clients * 12 * parameters if checkpoints else 0)
+
+
 def _text(value: Any) -> Any:
     return value.decode() if isinstance(value, bytes) else value
+
+
+class ResultsFileError(ValueError):
+    """A file that cannot be read as an mpicd results file; the message names the file and says why."""
 
 
 class Results:
     """A results file read into memory: ``r.metrics["minority_acc"]`` is (completed_rounds, clients).
 
     Only completed rounds are returned, so a file from a crashed run reads like a shorter run.
+    A missing, truncated, foreign or damaged file raises :class:`ResultsFileError`.
     """
 
+    REQUIRED = ("metrics", "comm/bytes_sent", "comm/bytes_recv", "comm/teacher", "comm/outside_rounds",
+                "partition")
+
     def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ResultsFileError(f"{self.path}: no such file")
+        try:
+            self._read()
+        except ResultsFileError:
+            raise
+        except OSError as err:  # h5py: not HDF5 (no signature), truncated (eof < stored eof), damaged
+            raise ResultsFileError(f"{self.path}: not a readable HDF5 file ({_one_line(err)})") from None
+        except Exception as err:  # noqa: BLE001 - a foreign layout fails in many ways; name the file
+            raise ResultsFileError(f"{self.path}: not an mpicd results file ({type(err).__name__}: "
+                                   f"{_one_line(err)})") from None
+
+    def _read(self) -> None:
         import yaml
 
-        self.path = Path(path)
         with h5py.File(self.path, "r") as f:
+            absent = ([f"attribute {a!r}" for a in ("completed_rounds", "config") if a not in f.attrs]
+                      + [f"/{name}" for name in self.REQUIRED if name not in f])
+            if absent:
+                raise ResultsFileError(f"{self.path}: not an mpicd results file (no {', '.join(absent)})")
             self.attrs = {k: _text(v) for k, v in f.attrs.items()}
             self.completed_rounds = int(self.attrs["completed_rounds"])
+            rows = min((f["metrics"][name].shape[0] for name in f["metrics"]), default=0)
+            if not 0 <= self.completed_rounds <= rows:
+                raise ResultsFileError(f"{self.path}: completed_rounds is {self.completed_rounds}, but /metrics "
+                                       f"holds {rows} rounds")
             done = slice(0, self.completed_rounds)
             self.metrics = {name: f["metrics"][name][done] for name in f["metrics"]}
             self.kinds = tuple(_text(k) for k in f["comm/bytes_sent"].attrs["kinds"])
@@ -307,7 +382,10 @@ class Results:
             self.partition = {name: f["partition"][name][()] for name in f["partition"]}
             self.placement = ({name: [_text(v) for v in f["placement"][name][()]] for name in f["placement"]}
                               if "placement" in f else {})
-        self.config = yaml.safe_load(self.attrs["config"])
+        try:
+            self.config = yaml.safe_load(self.attrs["config"])
+        except Exception as err:  # noqa: BLE001 - YAMLError, or a constructor's ValueError...
+            raise ResultsFileError(f"{self.path}: the attribute config is not YAML ({_one_line(err)})") from None
 
     def __repr__(self) -> str:
         return (f"Results({str(self.path)!r}, algorithm={self.attrs.get('algorithm')!r}, "
@@ -339,3 +417,7 @@ class Results:
 
 def load(path: str | Path) -> Results:
     return Results(path)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())[:300] or type(err).__name__

@@ -21,7 +21,7 @@ with abort_on_exception(comm.mpi), warnings.catch_warnings(record=True) as caugh
     for parallel in (True, False):
         writer = ResultsWriter(
             Path(sys.argv[1]) / f"{'mpio' if parallel else 'serial'}.h5", comm, rounds=3, num_classes=2,
-            attrs={"config": "clients: %d\n" % size, "algorithm": "test"},
+            attrs={"config": f"clients: {size}\n", "algorithm": "test"},
             train_counts=np.arange(2 * size).reshape(size, 2), test_counts=np.full((size, 2), 7),
             expertise=np.arange(size) % 2, parallel=parallel,
             placement={"host": f"node{rank // 2}", "local_rank": rank % 2, "device": "cpu", "threads": rank + 1})
