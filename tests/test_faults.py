@@ -201,3 +201,17 @@ def test_collective_layouts_are_agreed_and_a_mismatch_names_the_rank():
     assert result.returncode != 0
     assert "allreduce layouts differ: rank 2 passes 12 bytes of float32, rank 0 passes 8 bytes of float32" in \
         result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("where, extra, message", [
+    ("under_a_file", [], "output: cannot write in"),
+    ("no_room", ["rounds=1000000000"], "MiB free; this run needs about"),
+])
+def test_an_output_location_that_cannot_hold_the_results_is_refused_before_training(tmp_path, where, extra, message):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    out = blocker / "run.h5" if where == "under_a_file" else tmp_path / "run.h5"
+    result = launch(out, *extra)
+    lines = [line for line in result.stdout.splitlines() if "config error" in line]
+    assert result.returncode == 2 and len(lines) == 1 and message in lines[0], result.stdout
+    assert "round    1" not in result.stdout and not (tmp_path / "run.h5").exists()
