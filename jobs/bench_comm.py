@@ -51,8 +51,19 @@ def worker(out: Path, data: str, ranks: int) -> int:
 
     for model in MODELS:
         for name in ALGORITHMS:
-            code = main(["run", str(CONFIG), f"clients={ranks}", f"data.path={data}", f"model.name={model}",
-                         f"algorithm={{name: {name}}}", *OVERRIDES, "--out", str(out / f"{model}_{name}.h5")])
+            code = main(
+                [
+                    "run",
+                    str(CONFIG),
+                    f"clients={ranks}",
+                    f"data.path={data}",
+                    f"model.name={model}",
+                    f"algorithm={{name: {name}}}",
+                    *OVERRIDES,
+                    "--out",
+                    str(out / f"{model}_{name}.h5"),
+                ]
+            )
             if code != 0:
                 return code
     return 0
@@ -85,22 +96,30 @@ def report(out: Path, ranks: int) -> int:
         attrs = res["fedavg"].attrs
         n, c, d = (int(attrs[k]) for k in ("clients", "num_classes", "feature_dim"))
         sizes = Sizes.of(build_model(model, (1, 28, 28), c, d, 64), n)
-        print(f"\n{model}: N={n} C={c} D={d} P={sizes.P:,} B={sizes.B:,} (floating buffers, averaged by fedavg "
-              f"only); data={attrs['dataset']}, 1 round, bytes per rank (mean over ranks)")
-        header = f"{'algorithm':<12} {'sent':>14} {'received':>14} {'formula sent / recv':>30} {'expected sent':>14} " \
-                 f"{'expected recv':>14} {'x fedavg':>9}"
+        print(
+            f"\n{model}: N={n} C={c} D={d} P={sizes.P:,} B={sizes.B:,} (floating buffers, averaged by fedavg "
+            f"only); data={attrs['dataset']}, 1 round, bytes per rank (mean over ranks)"
+        )
+        header = (
+            f"{'algorithm':<12} {'sent':>14} {'received':>14} {'formula sent / recv':>30} {'expected sent':>14} "
+            f"{'expected recv':>14} {'x fedavg':>9}"
+        )
         print(header)
         print("-" * len(header))
-        fedavg_total = float(res["fedavg"].metrics["bytes_sent"][0].mean() + res["fedavg"].metrics["bytes_recv"][0].mean())
+        fedavg_total = float(
+            res["fedavg"].metrics["bytes_sent"][0].mean() + res["fedavg"].metrics["bytes_recv"][0].mean()
+        )
         for name in ALGORITHMS:
             r = res[name]
             want_sent, want_recv, text = expected(r, sizes)
             ok = np.array_equal(r.bytes_sent_by_kind, want_sent) and np.array_equal(r.bytes_recv_by_kind, want_recv)
             failures += not ok
             sent, recv = float(r.metrics["bytes_sent"][0].mean()), float(r.metrics["bytes_recv"][0].mean())
-            print(f"{name:<12} {sent:>14,.0f} {recv:>14,.0f} {text:>30} {want_sent[0].sum(axis=1).mean():>14,.0f} "
-                  f"{want_recv[0].sum(axis=1).mean():>14,.0f} {(sent + recv) / fedavg_total:>9.2e}"
-                  f"{'' if ok else '  MISMATCH'}")
+            print(
+                f"{name:<12} {sent:>14,.0f} {recv:>14,.0f} {text:>30} {want_sent[0].sum(axis=1).mean():>14,.0f} "
+                f"{want_recv[0].sum(axis=1).mean():>14,.0f} {(sent + recv) / fedavg_total:>9.2e}"
+                f"{'' if ok else '  MISMATCH'}"
+            )
     print("\nall measured counts equal their formulas" if not failures else f"\n{failures} MISMATCHES")
     return 1 if failures else 0
 
@@ -128,8 +147,19 @@ def main() -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMPI_MCA_rmaps_base_oversubscribe="1")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    command = ["mpirun", "-n", str(args.ranks), "--oversubscribe", sys.executable, str(Path(__file__).resolve()),
-               "--ranks", str(args.ranks), "--worker", str(out), str(data)]
+    command = [
+        "mpirun",
+        "-n",
+        str(args.ranks),
+        "--oversubscribe",
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--ranks",
+        str(args.ranks),
+        "--worker",
+        str(out),
+        str(data),
+    ]
     print(" ".join(command), flush=True)
     done = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, timeout=1800)
     if done.returncode != 0:

@@ -90,19 +90,36 @@ def sample(pid: int) -> tuple[int, int, int] | None:
     return 1024 * (kib["Pss_Anon:"] + kib["Pss_Shmem:"]), 1024 * kib["Pss:"], 1024 * hwm
 
 
-def measure(ranks: int, mode: str, data: str, rounds: int, image_size: int | None, interval: float,
-            timeout: float) -> dict:
+def measure(
+    ranks: int, mode: str, data: str, rounds: int, image_size: int | None, interval: float, timeout: float
+) -> dict:
     """One run: the node's peak summed anon + shmem PSS and whole PSS, the sum of peak RSS, the seconds."""
     program = ["-m", "mpicd", "run"] if mode == "shared" else [str(Path(__file__).resolve()), "--private-run"]
     with tempfile.TemporaryDirectory() as tmp:
-        overrides = [f"clients={ranks}", f"data.path={data}", "data.images_per_class=null", f"rounds={rounds}",
-                     "device=cpu", "checkpoint.every=0", *([f"data.image_size={image_size}"] if image_size else [])]
-        command = ["mpirun", "-n", str(ranks), "--oversubscribe", sys.executable, *program, str(CONFIG),
-                   *overrides, "--out", str(Path(tmp) / "run.h5")]
+        overrides = [
+            f"clients={ranks}",
+            f"data.path={data}",
+            "data.images_per_class=null",
+            f"rounds={rounds}",
+            "device=cpu",
+            "checkpoint.every=0",
+            *([f"data.image_size={image_size}"] if image_size else []),
+        ]
+        command = [
+            "mpirun",
+            "-n",
+            str(ranks),
+            "--oversubscribe",
+            sys.executable,
+            *program,
+            str(CONFIG),
+            *overrides,
+            "--out",
+            str(Path(tmp) / "run.h5"),
+        ]
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         start = time.monotonic()
-        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         peak_rss, node_peak = {}, [0, 0]
         while proc.poll() is None:
             if time.monotonic() - start > timeout:
@@ -118,17 +135,23 @@ def measure(ranks: int, mode: str, data: str, rounds: int, image_size: int | Non
             time.sleep(interval)
         output = proc.stdout.read()
         if proc.returncode != 0 or len(peak_rss) != ranks:
-            raise SystemExit(f"bench_memory: {' '.join(command)} exited {proc.returncode}, {len(peak_rss)} of "
-                             f"{ranks} ranks sampled:\n{output}")
-    return {"node_peak_anon_shmem": node_peak[0], "node_peak_pss": node_peak[1],
-            "sum_peak_rss": sum(peak_rss.values()), "seconds": time.monotonic() - start}
+            raise SystemExit(
+                f"bench_memory: {' '.join(command)} exited {proc.returncode}, {len(peak_rss)} of "
+                f"{ranks} ranks sampled:\n{output}"
+            )
+    return {
+        "node_peak_anon_shmem": node_peak[0],
+        "node_peak_pss": node_peak[1],
+        "sum_peak_rss": sum(peak_rss.values()),
+        "seconds": time.monotonic() - start,
+    }
 
 
 def dataset_bytes(data: str, image_size: int | None) -> int:
     """float32 bytes of all three splits as mpicd holds them (1 channel, image_size^2 or the file's size)."""
     with np.load(data) as npz:
         shapes = [npz[f"{split}_images"].shape for split in ("train", "val", "test")]
-    return sum(4 * s[0] * (image_size ** 2 if image_size else s[1] * s[2]) for s in shapes)
+    return sum(4 * s[0] * (image_size**2 if image_size else s[1] * s[2]) for s in shapes)
 
 
 def main() -> int:
@@ -144,19 +167,26 @@ def main() -> int:
         print(f"bench_memory: no data file {args.data} (--data)", file=sys.stderr)
         return 2
     size = dataset_bytes(args.data, args.image_size)
-    print(f"PneumoniaMNIST, every image, {args.image_size or 28}x{args.image_size or 28}: the dataset is "
-          f"{size / MIB:.1f} MiB as float32; {args.rounds} rounds of codistill, LeNet, CPU; MiB per node")
-    header = (f"{'ranks':>5}  {'mode':<8}{'anon+shm PSS':>13}{'per rank':>9}{'whole PSS':>11}{'sum peak RSS':>14}"
-              f"{'seconds':>9}")
+    print(
+        f"PneumoniaMNIST, every image, {args.image_size or 28}x{args.image_size or 28}: the dataset is "
+        f"{size / MIB:.1f} MiB as float32; {args.rounds} rounds of codistill, LeNet, CPU; MiB per node"
+    )
+    header = (
+        f"{'ranks':>5}  {'mode':<8}{'anon+shm PSS':>13}{'per rank':>9}{'whole PSS':>11}{'sum peak RSS':>14}"
+        f"{'seconds':>9}"
+    )
     print(header)
     counts, peaks = [int(r) for r in args.ranks.split(",")], {mode: [] for mode in MODES}
     for ranks in counts:
         for mode in MODES:
             m = measure(ranks, mode, args.data, args.rounds, args.image_size, args.interval, args.timeout)
             peaks[mode].append(m["node_peak_anon_shmem"])
-            print(f"{ranks:>5}  {mode:<8}{m['node_peak_anon_shmem'] / MIB:>13.0f}"
-                  f"{m['node_peak_anon_shmem'] / MIB / ranks:>9.0f}{m['node_peak_pss'] / MIB:>11.0f}"
-                  f"{m['sum_peak_rss'] / MIB:>14.0f}{m['seconds']:>9.1f}", flush=True)
+            print(
+                f"{ranks:>5}  {mode:<8}{m['node_peak_anon_shmem'] / MIB:>13.0f}"
+                f"{m['node_peak_anon_shmem'] / MIB / ranks:>9.0f}{m['node_peak_pss'] / MIB:>11.0f}"
+                f"{m['sum_peak_rss'] / MIB:>14.0f}{m['seconds']:>9.1f}",
+                flush=True,
+            )
     if len(counts) > 1:  # least-squares slope of the node's peak against N
         for mode in MODES:
             slope = np.polyfit(counts, np.array(peaks[mode]) / MIB, 1)[0]

@@ -9,8 +9,10 @@ from pathlib import Path
 from mpicd.algorithms import payload_table
 from mpicd.cli import config_tables
 
-SECTIONS = {"<!-- mpicd config --markdown: begin -->": ("<!-- mpicd config --markdown: end -->", config_tables),
-            "<!-- payload table: begin -->": ("<!-- payload table: end -->", payload_table)}
+SECTIONS = {
+    "<!-- mpicd config --markdown: begin -->": ("<!-- mpicd config --markdown: end -->", config_tables),
+    "<!-- payload table: begin -->": ("<!-- payload table: end -->", payload_table),
+}
 readme = Path(__file__).resolve().parents[1] / "README.md"
 text = readme.read_text()
 for begin, (end, generate) in SECTIONS.items():

@@ -47,7 +47,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = ("codistill", "fedavg", "fedproto", "feddistill", "fedamp", "local")
-PROJECTED_RANKS = tuple(2 ** k for k in range(2, 11))  # 4 ... 1024
+PROJECTED_RANKS = tuple(2**k for k in range(2, 11))  # 4 ... 1024
 PROJECTED_MODELS = ("lenet", "resnet18")
 ASSUMPTIONS = (
     "weak scaling: every rank keeps its own client of the same size, so compute per round stays the "
@@ -74,14 +74,14 @@ class Settings:
     ranks: int = 4
     repeats: int = 3
     rounds: int = 6
-    resnet_rounds: int = 2                           # ResNet-18's compute for the projection: 1 + warm-up
+    resnet_rounds: int = 2  # ResNet-18's compute for the projection: 1 + warm-up
     config: str = ""
-    overrides: list = field(default_factory=list)   # applied to every run (data size, data path)
+    overrides: list = field(default_factory=list)  # applied to every run (data size, data path)
     sizes: tuple = ()
-    net_budget: float = 2.0 ** 28                    # bytes moved per size and repeat in the sweep
+    net_budget: float = 2.0**28  # bytes moved per size and repeat in the sweep
     net_most: int = 1000
     timeout: float = 3600.0
-    threads: int | None = None                       # single-process parts; None: what mpicd gives one rank
+    threads: int | None = None  # single-process parts; None: what mpicd gives one rank
     quick: bool = False
 
 
@@ -98,10 +98,16 @@ def settings_for(args) -> Settings:
     from .bench_net import SIZES
 
     quick = bool(args.quick)
-    s = Settings(ranks=2 if quick else 4, repeats=1 if quick else 3, rounds=2 if quick else 6,
-                 sizes=(8, 2 ** 20) if quick else SIZES,
-                 net_budget=2.0 ** 24 if quick else 2.0 ** 28, net_most=100 if quick else 1000, quick=quick,
-                 overrides=["data.images_per_class=40"] if quick else [])
+    s = Settings(
+        ranks=2 if quick else 4,
+        repeats=1 if quick else 3,
+        rounds=2 if quick else 6,
+        sizes=(8, 2**20) if quick else SIZES,
+        net_budget=2.0**24 if quick else 2.0**28,
+        net_most=100 if quick else 1000,
+        quick=quick,
+        overrides=["data.images_per_class=40"] if quick else [],
+    )
     for name in ("ranks", "repeats", "rounds"):
         value = getattr(args, name)
         if value is not None:
@@ -165,8 +171,9 @@ def _mpirun() -> tuple[str, tuple[str, ...]]:
     return path, tuple(flags)
 
 
-def run_job(n: int, argv: list[str], timeout: float, stamp: bool = False,
-            unbound: bool = False) -> tuple[float, list[tuple[float, str]]]:
+def run_job(
+    n: int, argv: list[str], timeout: float, stamp: bool = False, unbound: bool = False
+) -> tuple[float, list[tuple[float, str]]]:
     """Launch ``n`` ranks of ``python ARGV``; returns (launch time, [(time, line)] of its output).
 
     ``stamp``: pass the launch time to the job (MPICD_LAUNCHED_AT) for its start-up phases. The
@@ -179,8 +186,9 @@ def run_job(n: int, argv: list[str], timeout: float, stamp: bool = False,
     launched = time.time()
     if stamp:
         env["MPICD_LAUNCHED_AT"] = repr(launched)
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
     expired = threading.Event()
 
     def kill() -> None:
@@ -247,13 +255,15 @@ class BareClient:
         self.y = torch.from_numpy(data.train.y[own]).to(self.device)
         self.evals = [torch.from_numpy(s.x).to(self.device) for s in (data.test, data.val) if s is not None]
         torch.manual_seed(cfg.seed)
-        self.model = build_model(cfg.model.name, data.input_shape, data.num_classes, cfg.model.feature_dim,
-                                 cfg.model.hidden).to(self.device)
+        self.model = build_model(
+            cfg.model.name, data.input_shape, data.num_classes, cfg.model.feature_dim, cfg.model.hidden
+        ).to(self.device)
         t = cfg.train
-        self.optimizer = (torch.optim.Adam(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-                          if t.optimizer == "adam" else
-                          torch.optim.SGD(self.model.parameters(), lr=t.lr, momentum=t.momentum,
-                                          weight_decay=t.weight_decay))
+        self.optimizer = (
+            torch.optim.Adam(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+            if t.optimizer == "adam"
+            else torch.optim.SGD(self.model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+        )
         self.train_cfg = t
         self.generator = torch.Generator().manual_seed(cfg.seed + index)
 
@@ -337,9 +347,13 @@ def _alone(spec: dict, repeat: int, out: Path) -> dict:
         found["serial"] = seconds
 
     def resnet() -> None:
-        _mpicd_run(Comm(MPI.COMM_SELF), spec["config"],
-                   [*one, "model.name=resnet18", f"rounds={spec['resnet_rounds']}"], out / f"resnet_{repeat}.h5",
-                   threads)
+        _mpicd_run(
+            Comm(MPI.COMM_SELF),
+            spec["config"],
+            [*one, "model.name=resnet18", f"rounds={spec['resnet_rounds']}"],
+            out / f"resnet_{repeat}.h5",
+            threads,
+        )
 
     steps = [bare, mpicd, serial, resnet]
     for step in steps if repeat % 2 == 0 else steps[::-1]:
@@ -428,10 +442,15 @@ def overhead(folder: Path, raw: dict, s: Settings) -> dict:
         images = alone["images"]
         mine.append(t_mpicd), bare.append(t_bare), ratio.append(t_mpicd / t_bare)
         mine_ips.append(images / t_mpicd), bare_ips.append(images / t_bare)
-    return {"images_per_round": raw["alone"][0]["images"], "threads": raw["alone"][0]["threads"],
-            "mpicd_train_seconds": stats(mine), "bare_train_seconds": stats(bare),
-            "mpicd_images_per_second": stats(mine_ips), "bare_images_per_second": stats(bare_ips),
-            "overhead_ratio": stats(ratio)}
+    return {
+        "images_per_round": raw["alone"][0]["images"],
+        "threads": raw["alone"][0]["threads"],
+        "mpicd_train_seconds": stats(mine),
+        "bare_train_seconds": stats(bare),
+        "mpicd_images_per_second": stats(mine_ips),
+        "bare_images_per_second": stats(bare_ips),
+        "overhead_ratio": stats(ratio),
+    }
 
 
 def parallel(folder: Path, raw: dict, s: Settings) -> dict:
@@ -442,9 +461,15 @@ def parallel(folder: Path, raw: dict, s: Settings) -> dict:
         t_par, t_ser = float(np.mean(rounds)), float(np.mean(alone["serial"][1:]))
         par.append(t_par), ser.append(t_ser), speed.append(t_ser / t_par)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return {"ranks": s.ranks, "cores": cores, "serial_threads": raw["alone"][0]["threads"],
-            "parallel_round_seconds": stats(par), "serial_round_seconds": stats(ser), "speedup": stats(speed),
-            "ideal": min(s.ranks, cores)}
+    return {
+        "ranks": s.ranks,
+        "cores": cores,
+        "serial_threads": raw["alone"][0]["threads"],
+        "parallel_round_seconds": stats(par),
+        "serial_round_seconds": stats(ser),
+        "speedup": stats(speed),
+        "ideal": min(s.ranks, cores),
+    }
 
 
 def startup(s: Settings, folder: Path) -> dict:
@@ -457,23 +482,32 @@ def startup(s: Settings, folder: Path) -> dict:
     totals, phases = [], {name: [] for name in (*STARTUP_PHASES, "model_build")}
     for repeat in range(s.repeats):
         out = folder / f"startup_{repeat}.h5"
-        launched, lines = run_job(s.ranks, ["-m", "mpicd", "run", str(config), f"clients={s.ranks}", "rounds=2",
-                                            "--out", str(out)], s.timeout, stamp=True)
+        launched, lines = run_job(
+            s.ranks,
+            ["-m", "mpicd", "run", str(config), f"clients={s.ranks}", "rounds=2", "--out", str(out)],
+            s.timeout,
+            stamp=True,
+        )
         first = next((t for t, text in lines if re.match(r"round\s+1/", text)), None)
         if first is None:
             raise BenchError("the quick start printed no 'round 1/' line:\n" + "\n".join(t for _, t in lines[-20:]))
         res = _results(out)
         recorded = yaml.safe_load(res.attrs["startup_seconds"])
         m = res.metrics
-        round_one = float(m["train_seconds"][0, 0] + m["comm_seconds"][0, 0] + m["eval_seconds"][0, 0]
-                          + m["write_seconds"][0, 0])
+        round_one = float(
+            m["train_seconds"][0, 0] + m["comm_seconds"][0, 0] + m["eval_seconds"][0, 0] + m["write_seconds"][0, 0]
+        )
         total = first - launched - round_one
         totals.append(total)
         for name in STARTUP_PHASES:
             phases[name].append(recorded.get(name))
         phases["model_build"].append(total - sum(recorded.values()))
-    return {"ranks": s.ranks, "config": "configs/quickstart.yaml", "total": stats(totals),
-            "phases": {name: stats(v) for name, v in phases.items()}}
+    return {
+        "ranks": s.ranks,
+        "config": "configs/quickstart.yaml",
+        "total": stats(totals),
+        "phases": {name: stats(v) for name, v in phases.items()},
+    }
 
 
 def network(raw: dict) -> dict:
@@ -484,8 +518,11 @@ def network(raw: dict) -> dict:
     for name in ("pingpong", "allreduce"):
         medians = [float(np.median(v)) for v in net[name]]
         latency, bandwidth = fit(net["sizes"], medians)
-        result[name] = {"seconds": [stats(v) for v in net[name]], "latency_seconds": latency,
-                        "bandwidth_bytes_per_second": bandwidth}
+        result[name] = {
+            "seconds": [stats(v) for v in net[name]],
+            "latency_seconds": latency,
+            "bandwidth_bytes_per_second": bandwidth,
+        }
     return result
 
 
@@ -497,8 +534,9 @@ def model_sizes(plan) -> dict:
     cfg, data = plan.config, plan.dataset
     out = {}
     for name in PROJECTED_MODELS:
-        sizes = Sizes.of(build_model(name, data.input_shape, data.num_classes, cfg.model.feature_dim,
-                                     cfg.model.hidden), 1)
+        sizes = Sizes.of(
+            build_model(name, data.input_shape, data.num_classes, cfg.model.feature_dim, cfg.model.hidden), 1
+        )
         out[name] = asdict(sizes)
     return out
 
@@ -538,15 +576,25 @@ def progress_allreduce(n: int, latency: float, bandwidth: float) -> float:
 
 def projection(net: dict, sizes: dict, compute: dict, write: float) -> dict:
     a, b = net["pingpong"]["latency_seconds"], net["pingpong"]["bandwidth_bytes_per_second"]
-    out = {"ranks": list(PROJECTED_RANKS), "latency_seconds": a, "bandwidth_bytes_per_second": b,
-           "write_seconds": write, "assumptions": list(ASSUMPTIONS), "models": {}}
+    out = {
+        "ranks": list(PROJECTED_RANKS),
+        "latency_seconds": a,
+        "bandwidth_bytes_per_second": b,
+        "write_seconds": write,
+        "assumptions": list(ASSUMPTIONS),
+        "models": {},
+    }
     for model in PROJECTED_MODELS:
         rows = {}
         for name in ALGORITHMS:
             comm = [comm_model(name, n, sizes[model], a, b) + progress_allreduce(n, a, b) for n in PROJECTED_RANKS]
             rows[name] = {"comm_seconds": comm, "round_seconds": [compute[model] + c + write for c in comm]}
-        out["models"][model] = {**sizes[model], "compute_seconds": compute[model], "algorithms": rows,
-                                "fedamp_gathered_bytes": [4 * n * sizes[model]["P"] for n in PROJECTED_RANKS]}
+        out["models"][model] = {
+            **sizes[model],
+            "compute_seconds": compute[model],
+            "algorithms": rows,
+            "fedamp_gathered_bytes": [4 * n * sizes[model]["P"] for n in PROJECTED_RANKS],
+        }
     return out
 
 
@@ -563,13 +611,18 @@ def compute_per_round(folder: Path, s: Settings) -> dict:
 
 
 def machine() -> dict:
-    info = {"host": platform.node(), "system": platform.platform(), "python": platform.python_version(),
-            "cores": os.cpu_count(), "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    info = {
+        "host": platform.node(),
+        "system": platform.platform(),
+        "python": platform.python_version(),
+        "cores": os.cpu_count(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
     try:
         cpu = Path("/proc/cpuinfo").read_text()
         info["cpu"] = re.search(r"model name\s*:\s*(.*)", cpu).group(1).strip()
         mem = Path("/proc/meminfo").read_text()
-        info["memory_gib"] = round(int(re.search(r"MemTotal:\s*(\d+)", mem).group(1)) / 2 ** 20, 1)
+        info["memory_gib"] = round(int(re.search(r"MemTotal:\s*(\d+)", mem).group(1)) / 2**20, 1)
     except (OSError, AttributeError):
         info["cpu"] = platform.processor()
     prefix = launcher(2)
@@ -593,51 +646,69 @@ def _f(st: dict, scale: float = 1.0, digits: int = 4) -> str:
 
 def render(r: dict) -> str:
     o, lines = r["overhead"], []
-    lines += [f"mpicd bench: {r['settings']['repeats']} repeat(s), {r['settings']['rounds']} rounds per run "
-              f"(round 1 left out), {r['settings']['ranks']} ranks; figures are min / median / max over repeats",
-              f"machine: {r['machine'].get('cpu')}, {r['machine']['cores']} cores; {r['machine'].get('mpi')}; "
-              f"load average at start {r['machine']['load_average']}", "",
-              f"1. framework overhead: local, 1 rank, {o['images_per_round']} images per round, {o['threads']} "
-              f"threads",
-              f"   mpicd train s/round     {_f(o['mpicd_train_seconds'])}",
-              f"   bare PyTorch s/round    {_f(o['bare_train_seconds'])}",
-              f"   mpicd images/s          {_f(o['mpicd_images_per_second'])}",
-              f"   bare images/s           {_f(o['bare_images_per_second'])}",
-              f"   overhead_ratio          {_f(o['overhead_ratio'])}", "",
-              f"2. round anatomy, {r['settings']['ranks']} ranks, ms per round and rank (min / median / max)"]
+    lines += [
+        f"mpicd bench: {r['settings']['repeats']} repeat(s), {r['settings']['rounds']} rounds per run "
+        f"(round 1 left out), {r['settings']['ranks']} ranks; figures are min / median / max over repeats",
+        f"machine: {r['machine'].get('cpu')}, {r['machine']['cores']} cores; {r['machine'].get('mpi')}; "
+        f"load average at start {r['machine']['load_average']}",
+        "",
+        f"1. framework overhead: local, 1 rank, {o['images_per_round']} images per round, {o['threads']} threads",
+        f"   mpicd train s/round     {_f(o['mpicd_train_seconds'])}",
+        f"   bare PyTorch s/round    {_f(o['bare_train_seconds'])}",
+        f"   mpicd images/s          {_f(o['mpicd_images_per_second'])}",
+        f"   bare images/s           {_f(o['bare_images_per_second'])}",
+        f"   overhead_ratio          {_f(o['overhead_ratio'])}",
+        "",
+        f"2. round anatomy, {r['settings']['ranks']} ranks, ms per round and rank (min / median / max)",
+    ]
     width, columns = 22, ("train", "comm", "eval", "write", "total", "write_min")
     lines.append(f"   {'algorithm':<11}" + "".join(f"{p:>{width}}" for p in columns) + f"{'comm_io_fraction':>{width}}")
     for name, parts in r["anatomy"].items():
-        lines.append(f"   {name:<11}" + "".join(f"{_f(parts[p], 1000, 3):>{width}}" for p in columns)
-                     + f"{_f(r['comm_io_fraction'][name], 1, 3):>{width}}")
+        lines.append(
+            f"   {name:<11}"
+            + "".join(f"{_f(parts[p], 1000, 3):>{width}}" for p in columns)
+            + f"{_f(r['comm_io_fraction'][name], 1, 3):>{width}}"
+        )
     lines.append("   (write_min: the fastest rank's write, i.e. the one that waited least for the others at the flush)")
     p = r["parallel"]
-    lines += ["", f"3. parallel vs serial: {p['ranks']} ranks vs one process training {p['ranks']} clients in turn "
-                  f"({p['cores']} cores)",
-              f"   parallel s/round        {_f(p['parallel_round_seconds'])}",
-              f"   serial s/round          {_f(p['serial_round_seconds'])}   ({p['serial_threads']} threads)",
-              f"   speedup                 {_f(p['speedup'])}   (ideal {p['ideal']})", "",
-              f"4. start-up: quick start on {r['startup_seconds']['ranks']} ranks, launch to round 1",
-              f"   total s                 {_f(r['startup_seconds']['total'])}"]
+    lines += [
+        "",
+        f"3. parallel vs serial: {p['ranks']} ranks vs one process training {p['ranks']} clients in turn "
+        f"({p['cores']} cores)",
+        f"   parallel s/round        {_f(p['parallel_round_seconds'])}",
+        f"   serial s/round          {_f(p['serial_round_seconds'])}   ({p['serial_threads']} threads)",
+        f"   speedup                 {_f(p['speedup'])}   (ideal {p['ideal']})",
+        "",
+        f"4. start-up: quick start on {r['startup_seconds']['ranks']} ranks, launch to round 1",
+        f"   total s                 {_f(r['startup_seconds']['total'])}",
+    ]
     for name, st in r["startup_seconds"]["phases"].items():
         lines.append(f"   {name:<23} {_f(st)}")
     n = r["network"]
-    lines += ["", f"5. network ({n['ranks']} ranks): seconds per operation (median over repeats)",
-              f"   {'bytes':>10} {'ping-pong one-way':>18} {'allreduce':>12}"]
+    lines += [
+        "",
+        f"5. network ({n['ranks']} ranks): seconds per operation (median over repeats)",
+        f"   {'bytes':>10} {'ping-pong one-way':>18} {'allreduce':>12}",
+    ]
     for i, size in enumerate(n["sizes"]):
-        lines.append(f"   {size:>10} {n['pingpong']['seconds'][i]['median']:>18.3e} "
-                     f"{n['allreduce']['seconds'][i]['median']:>12.3e}")
+        lines.append(
+            f"   {size:>10} {n['pingpong']['seconds'][i]['median']:>18.3e} "
+            f"{n['allreduce']['seconds'][i]['median']:>12.3e}"
+        )
     for name in ("pingpong", "allreduce"):
-        lines.append(f"   fit {name}: latency {n[name]['latency_seconds'] * 1e6:.2f} us, bandwidth "
-                     f"{n[name]['bandwidth_bytes_per_second'] / 1e9:.3f} GB/s")
+        lines.append(
+            f"   fit {name}: latency {n[name]['latency_seconds'] * 1e6:.2f} us, bandwidth "
+            f"{n[name]['bandwidth_bytes_per_second'] / 1e9:.3f} GB/s"
+        )
     pr = r["projection"]
     lines += ["", "projection: seconds per round on N ranks (compute measured here + modelled exchange + write)"]
     for model, m in pr["models"].items():
         lines.append(f"   {model}: D={m['D']} P={m['P']:,} B={m['B']:,}, compute {m['compute_seconds']:.3g} s/round")
         lines.append(f"   {'N':>6}" + "".join(f"{name:>12}" for name in m["algorithms"]))
         for i, ranks in enumerate(pr["ranks"]):
-            lines.append(f"   {ranks:>6}" + "".join(f"{alg['round_seconds'][i]:>12.4g}"
-                                                 for alg in m["algorithms"].values()))
+            lines.append(
+                f"   {ranks:>6}" + "".join(f"{alg['round_seconds'][i]:>12.4g}" for alg in m["algorithms"].values())
+            )
     lines += ["   assumptions:"] + [f"   - {a}" for a in pr["assumptions"]]
     return "\n".join(lines)
 
@@ -655,7 +726,7 @@ def plot(r: dict, path: str) -> bool:
     fig, axes = plt.subplots(1, len(pr["models"]), figsize=(11, 4.2), squeeze=False)
     for ax, (model, m) in zip(axes[0], pr["models"].items()):
         for name, a in m["algorithms"].items():
-            line, = ax.plot(pr["ranks"], a["round_seconds"], marker="o", ms=3, label=name)
+            (line,) = ax.plot(pr["ranks"], a["round_seconds"], marker="o", ms=3, label=name)
             ax.plot(pr["ranks"], a["comm_seconds"], ls=":", color=line.get_color())
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -684,10 +755,20 @@ def bench(s: Settings, log=print) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="mpicd-bench-"))
     try:
         info = machine()
-        spec = {"config": s.config, "overrides": [*s.overrides, f"rounds={s.rounds}", "checkpoint.every=0"],
-                "algorithms": list(ALGORITHMS), "repeats": s.repeats, "rounds": s.rounds, "ranks": s.ranks,
-                "resnet_rounds": s.resnet_rounds, "sizes": list(s.sizes), "threads": s.threads,
-                "net_budget": s.net_budget, "net_most": s.net_most, "out": str(folder)}
+        spec = {
+            "config": s.config,
+            "overrides": [*s.overrides, f"rounds={s.rounds}", "checkpoint.every=0"],
+            "algorithms": list(ALGORITHMS),
+            "repeats": s.repeats,
+            "rounds": s.rounds,
+            "ranks": s.ranks,
+            "resnet_rounds": s.resnet_rounds,
+            "sizes": list(s.sizes),
+            "threads": s.threads,
+            "net_budget": s.net_budget,
+            "net_most": s.net_most,
+            "out": str(folder),
+        }
         (folder / "spec.json").write_text(json.dumps(spec))
         log(f"mpicd bench: one job of {s.ranks} ranks (parts 1, 2, 3, 5; {s.repeats} repeat(s)) ...")
         run_job(s.ranks, ["-m", "mpicd.bench", str(folder / "spec.json")], s.timeout, unbound=True)
@@ -705,15 +786,28 @@ def bench(s: Settings, log=print) -> dict:
         projected = projection(net, raw["models"], compute, write)
         a, b = net["pingpong"]["latency_seconds"], net["pingpong"]["bandwidth_bytes_per_second"]
         projected["check_at_measured_ranks"] = {  # the model has no waiting for slower ranks; the measurement has
-            name: {"ranks": s.ranks, "modelled_comm_seconds": comm_model(name, s.ranks, raw["models"]["lenet"], a, b),
-                   "measured_comm_seconds": parts[name]["comm"]["median"]} for name in ALGORITHMS}
-        return {"machine": info, "settings": {**asdict(s), "sizes": list(s.sizes)},
-                "seconds": time.perf_counter() - started,
-                "overhead": over, "overhead_ratio": over["overhead_ratio"],
-                "anatomy": parts, "comm_io_fraction": fractions,
-                "parallel": par, "speedup": par["speedup"], "ideal": par["ideal"],
-                "startup_seconds": boot, "network": net,
-                "projection": projected}
+            name: {
+                "ranks": s.ranks,
+                "modelled_comm_seconds": comm_model(name, s.ranks, raw["models"]["lenet"], a, b),
+                "measured_comm_seconds": parts[name]["comm"]["median"],
+            }
+            for name in ALGORITHMS
+        }
+        return {
+            "machine": info,
+            "settings": {**asdict(s), "sizes": list(s.sizes)},
+            "seconds": time.perf_counter() - started,
+            "overhead": over,
+            "overhead_ratio": over["overhead_ratio"],
+            "anatomy": parts,
+            "comm_io_fraction": fractions,
+            "parallel": par,
+            "speedup": par["speedup"],
+            "ideal": par["ideal"],
+            "startup_seconds": boot,
+            "network": net,
+            "projection": projected,
+        }
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

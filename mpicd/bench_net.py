@@ -110,8 +110,9 @@ def main() -> int:
     result = sweep(MPI.COMM_WORLD, [int(s) for s in args.sizes.split(",")], args.repeats)
     if result is None:
         return 0
-    print(f"{'bytes':>10} {'ping-pong one-way s (median)':>30} {'allreduce s (median)':>22}   "
-          f"({result['ranks']} ranks)")
+    print(
+        f"{'bytes':>10} {'ping-pong one-way s (median)':>30} {'allreduce s (median)':>22}   ({result['ranks']} ranks)"
+    )
     for nbytes, pp, ar in zip(result["sizes"], result["pingpong"], result["allreduce"]):
         print(f"{nbytes:>10} {np.median(pp):>30.3e} {np.median(ar):>22.3e}")
     for name in ("pingpong", "allreduce"):

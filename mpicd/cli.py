@@ -24,65 +24,117 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     run.add_argument("config", help="YAML config file")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. rounds=3")
     run.add_argument("--out", help="results file (default: the config's output)")
-    run.add_argument("--resume", action="store_true",
-                     help="continue from the newest checkpoint every rank holds beside the results file "
-                          "(<out>.ckpt/); without one, start at round 1; a complete file: exit 0 at once")
-    check = argparse.ArgumentParser(prog="mpicd check", description="validate config and data, print the "
-                                    "resolved config and the partition; needs no MPI")
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest checkpoint every rank holds beside the results file "
+        "(<out>.ckpt/); without one, start at round 1; a complete file: exit 0 at once",
+    )
+    check = argparse.ArgumentParser(
+        prog="mpicd check",
+        description="validate config and data, print the resolved config and the partition; needs no MPI",
+    )
     check.add_argument("config", help="YAML config file")
     check.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
-    report = argparse.ArgumentParser(prog="mpicd report", description="tables (mean ± sd over seeds) "
-                                     "and plots from results files")
+    report = argparse.ArgumentParser(
+        prog="mpicd report", description="tables (mean ± sd over seeds) and plots from results files"
+    )
     report.add_argument("files", nargs="+", help="results files (.h5)")
-    report.add_argument("--last", type=int, metavar="N", help="score each run over its last N completed rounds "
-                        "(default 1)")
-    report.add_argument("--select", choices=("last", "best-val"), default="last", help="best-val: score each run at "
-                        "its round of highest validation minority accuracy (ties -> earliest)")
-    report.add_argument("--include-incomplete", action="store_true", help="also report runs that stopped before "
-                        "their last round (excluded and listed by default)")
-    report.add_argument("--versus", metavar="METHOD", help="pair every other method with METHOD by seed: mean "
-                        "difference in minority accuracy, 95%% t-interval, wins/ties/loses")
-    report.add_argument("--plot", metavar="FILE", help="minority accuracy against skew, ±sd bands, one panel "
-                        "per setting")
+    report.add_argument(
+        "--last", type=int, metavar="N", help="score each run over its last N completed rounds (default 1)"
+    )
+    report.add_argument(
+        "--select",
+        choices=("last", "best-val"),
+        default="last",
+        help="best-val: score each run at its round of highest validation minority accuracy (ties -> earliest)",
+    )
+    report.add_argument(
+        "--include-incomplete",
+        action="store_true",
+        help="also report runs that stopped before their last round (excluded and listed by default)",
+    )
+    report.add_argument(
+        "--versus",
+        metavar="METHOD",
+        help="pair every other method with METHOD by seed: mean "
+        "difference in minority accuracy, 95%% t-interval, wins/ties/loses",
+    )
+    report.add_argument(
+        "--plot", metavar="FILE", help="minority accuracy against skew, ±sd bands, one panel per setting"
+    )
     report.add_argument("--plot-rounds", metavar="FILE", help="minority accuracy against round (mean ± sd over seeds)")
     report.add_argument("--plot-bytes", metavar="FILE", help="bytes per round per rank of each method (log scale)")
     report.add_argument("--csv", metavar="FILE", help="write the cell table as CSV (one row per cell)")
-    sweep = argparse.ArgumentParser(prog="mpicd sweep", description="list the runs of a sweep file "
-                                    "(jobs/sweep.sh and slurm/sweep.sbatch use this)")
+    sweep = argparse.ArgumentParser(
+        prog="mpicd sweep", description="list the runs of a sweep file (jobs/sweep.sh and slurm/sweep.sbatch use this)"
+    )
     sweep.add_argument("sweep", help="sweep YAML: config, output_dir, grid")
     what = sweep.add_mutually_exclusive_group()
     what.add_argument("--pending", action="store_true", help="only the indexes of runs not yet complete")
     what.add_argument("--ranks", type=int, metavar="I", help="the MPI rank count run I needs")
     what.add_argument("--args", type=int, metavar="I", help="the mpicd arguments of run I, shell-quoted")
-    what.add_argument("--status", type=int, metavar="I", help="print done or pending for run I; exit status "
-                      "0 if done, 1 if pending (what scripts should test: no pipe, no race)")
-    pack = argparse.ArgumentParser(prog="mpicd pack", description="run a sweep's pending runs in one MPI job: "
-                                   "mpirun -n M mpicd pack SWEEP (groups of each run's client count)")
+    what.add_argument(
+        "--status",
+        type=int,
+        metavar="I",
+        help="print done or pending for run I; exit status "
+        "0 if done, 1 if pending (what scripts should test: no pipe, no race)",
+    )
+    pack = argparse.ArgumentParser(
+        prog="mpicd pack",
+        description="run a sweep's pending runs in one MPI job: "
+        "mpirun -n M mpicd pack SWEEP (groups of each run's client count)",
+    )
     pack.add_argument("sweep", help="sweep YAML: config, output_dir, grid")
-    config = argparse.ArgumentParser(prog="mpicd config", description="print the default config: every key "
-                                     "with its default, allowed values and meaning (valid YAML to start from)")
+    config = argparse.ArgumentParser(
+        prog="mpicd config",
+        description="print the default config: every key "
+        "with its default, allowed values and meaning (valid YAML to start from)",
+    )
     config.add_argument("--algorithm", metavar="NAME", help="show this algorithm's own keys (default: codistill)")
-    config.add_argument("--markdown", action="store_true", help="every key of every algorithm as the README's "
-                        "Markdown tables")
-    bench = argparse.ArgumentParser(prog="mpicd bench", description="measure overhead, round anatomy, parallel vs "
-                                    "serial, start-up and the network, and project round times to 1024 ranks; "
-                                    "start it WITHOUT mpirun: it launches its own MPI jobs (srun under Slurm)")
-    bench.add_argument("--ranks", type=int, help="ranks of the multi-rank parts and the start-up (default 4; "
-                       "--quick: 2)")
+    config.add_argument(
+        "--markdown", action="store_true", help="every key of every algorithm as the README's Markdown tables"
+    )
+    bench = argparse.ArgumentParser(
+        prog="mpicd bench",
+        description="measure overhead, round anatomy, parallel vs "
+        "serial, start-up and the network, and project round times to 1024 ranks; "
+        "start it WITHOUT mpirun: it launches its own MPI jobs (srun under Slurm)",
+    )
+    bench.add_argument(
+        "--ranks", type=int, help="ranks of the multi-rank parts and the start-up (default 4; --quick: 2)"
+    )
     bench.add_argument("--repeats", type=int, help="repeats of every measurement (default 3; --quick: 1)")
     bench.add_argument("--rounds", type=int, help="rounds per run, the first a warm-up (default 6; --quick: 2)")
-    bench.add_argument("--quick", action="store_true", help="smoke test: 2 ranks, 2 rounds, 1 repeat, 40 images "
-                       "per class, 2 message sizes")
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: 2 ranks, 2 rounds, 1 repeat, 40 images per class, 2 message sizes",
+    )
     bench.add_argument("--config", help="an image dataset's config (default configs/pneumoniamnist.yaml)")
     bench.add_argument("--data", metavar="NPZ", help="the dataset file (sets data.path)")
     bench.add_argument("--json", metavar="FILE", help="write every figure as JSON")
     bench.add_argument("--plot", metavar="FILE", help="the projection as a plot (needs matplotlib)")
-    bench.add_argument("--timeout", type=float, metavar="S", help="seconds before a launched job is killed "
-                       "(default 3600)")
-    bench.add_argument("--threads", type=int, metavar="T", help="torch threads of the one-process parts (overhead, "
-                       "serial, ResNet-18 compute); default: what mpicd gives one rank alone here")
-    return {"run": run, "check": check, "config": config, "report": report, "sweep": sweep, "pack": pack,
-            "bench": bench}
+    bench.add_argument(
+        "--timeout", type=float, metavar="S", help="seconds before a launched job is killed (default 3600)"
+    )
+    bench.add_argument(
+        "--threads",
+        type=int,
+        metavar="T",
+        help="torch threads of the one-process parts (overhead, "
+        "serial, ResNet-18 compute); default: what mpicd gives one rank alone here",
+    )
+    return {
+        "run": run,
+        "check": check,
+        "config": config,
+        "report": report,
+        "sweep": sweep,
+        "pack": pack,
+        "bench": bench,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,12 +144,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mpicd {__version__}")
         return 0
     if not argv or argv[0] not in parsers:
-        print(f"usage: mpicd {{{','.join(parsers)}}} ...  (mpicd COMMAND --help for more; mpicd --version)",
-              file=sys.stderr)
+        print(
+            f"usage: mpicd {{{','.join(parsers)}}} ...  (mpicd COMMAND --help for more; mpicd --version)",
+            file=sys.stderr,
+        )
         return EXIT_BAD_INPUT
     args = parsers[argv[0]].parse_intermixed_args(argv[1:])
-    commands = {"check": check, "config": config, "run": run, "report": report, "sweep": sweep, "pack": pack,
-                "bench": bench}
+    commands = {
+        "check": check,
+        "config": config,
+        "run": run,
+        "report": report,
+        "sweep": sweep,
+        "pack": pack,
+        "bench": bench,
+    }
     return commands[argv[0]](args)
 
 
@@ -126,8 +187,17 @@ def check(args: argparse.Namespace) -> int:
 
     print(yaml.safe_dump(plan.resolved_config, sort_keys=False), end="")
     cfg = plan.config
-    print(describe(build_model(cfg.model.name, plan.dataset.input_shape, plan.dataset.num_classes,
-                               cfg.model.feature_dim, cfg.model.hidden)))
+    print(
+        describe(
+            build_model(
+                cfg.model.name,
+                plan.dataset.input_shape,
+                plan.dataset.num_classes,
+                cfg.model.feature_dim,
+                cfg.model.hidden,
+            )
+        )
+    )
     print(partition_table(plan))
     return 0
 
@@ -150,8 +220,12 @@ def _algorithm_rows(name: str) -> list[KeyDoc]:
     """The ``algorithm`` section with ``name`` chosen: the name, then that algorithm's own keys."""
     from .algorithms import REGISTRY
 
-    return [KeyDoc("algorithm.name", name, " | ".join(REGISTRY), "the method; algorithm=NAME selects one with "
-                   "its defaults"), *describe(REGISTRY[name].Params, "algorithm.")]
+    return [
+        KeyDoc(
+            "algorithm.name", name, " | ".join(REGISTRY), "the method; algorithm=NAME selects one with its defaults"
+        ),
+        *describe(REGISTRY[name].Params, "algorithm."),
+    ]
 
 
 def default_config(name: str) -> str:
@@ -159,10 +233,12 @@ def default_config(name: str) -> str:
     from .algorithms import REGISTRY
 
     rows = describe(Config) + _algorithm_rows(name)
-    lines = [f"# mpicd {__version__}: the default configuration (algorithm {name}); after each key: allowed "
-             "values; meaning.",
-             f"# Another algorithm's keys: mpicd config --algorithm NAME, NAME one of {', '.join(REGISTRY)}.",
-             "# On the command line: dotted key=value overrides, e.g. train.lr=1e-3 or algorithm=fedavg."]
+    lines = [
+        f"# mpicd {__version__}: the default configuration (algorithm {name}); after each key: allowed "
+        "values; meaning.",
+        f"# Another algorithm's keys: mpicd config --algorithm NAME, NAME one of {', '.join(REGISTRY)}.",
+        "# On the command line: dotted key=value overrides, e.g. train.lr=1e-3 or algorithm=fedavg.",
+    ]
     entries, section = [], ""
     for row in rows:
         head, _, leaf = row.key.rpartition(".")
@@ -193,7 +269,8 @@ def config_tables() -> str:
     for name, cls in REGISTRY.items():
         keys = describe(cls.Params)
         lines += [row(f"`{name}`", f"`{r.key}`", f"`{inline(r.default)}`", r.allowed, r.doc) for r in keys] or [
-            row(f"`{name}`", "–", "", "", "no keys of its own")]
+            row(f"`{name}`", "–", "", "", "no keys of its own")
+        ]
     return "\n".join(lines)
 
 
@@ -251,8 +328,10 @@ def sweep(args: argparse.Namespace) -> int:
         return 0 if done else 1
     else:
         for r in runs:
-            print(f"{r.index:>4}  ranks {r.ranks:>3}  {'done   ' if is_done(r) else 'pending'}  {r.output}  "
-                  f"{' '.join(r.overrides)}")
+            print(
+                f"{r.index:>4}  ranks {r.ranks:>3}  {'done   ' if is_done(r) else 'pending'}  {r.output}  "
+                f"{' '.join(r.overrides)}"
+            )
     return 0
 
 
@@ -276,11 +355,18 @@ def partition_table(plan) -> str:
     test_counts = [int((plan.dataset.test.y == c).sum()) for c in range(plan.dataset.num_classes)]
     union = plan.algorithm_cls.trains_on_union
     header = ["client", "expertise"] + [f"train:{n}" for n in names] + [f"test:{n}" for n in names] + ["batches/epoch"]
-    rows = [[str(i), names[int(plan.partition.expertise[i])]]
-            + [str(int(v)) for v in plan.partition.train_counts[i]] + [str(v) for v in test_counts]
-            + [batch_layout(int(plan.partition.train_counts.sum() if union else plan.partition.train_counts[i].sum()),
-                            plan.config.train.batch_size)]
-            for i in range(plan.config.clients)]
+    rows = [
+        [str(i), names[int(plan.partition.expertise[i])]]
+        + [str(int(v)) for v in plan.partition.train_counts[i]]
+        + [str(v) for v in test_counts]
+        + [
+            batch_layout(
+                int(plan.partition.train_counts.sum() if union else plan.partition.train_counts[i].sum()),
+                plan.config.train.batch_size,
+            )
+        ]
+        for i in range(plan.config.clients)
+    ]
     widths = [max(len(r[j]) for r in [header, *rows]) for j in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in [header, *rows]]
     lines.append(f"held-out set: {plan.dataset.eval_split}; no client trains on it")
@@ -320,15 +406,29 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_BAD_INPUT
         startup = startup_seconds(comm, marks)
         if comm.rank == 0:
-            print(f"mpicd: {plan.algorithm_cls.name} on {plan.dataset.name}, {comm.size} clients, "
-                  f"{plan.config.rounds} rounds, {placement.device} ({placement.threads} threads/rank) "
-                  f"-> {out}", flush=True)
+            print(
+                f"mpicd: {plan.algorithm_cls.name} on {plan.dataset.name}, {comm.size} clients, "
+                f"{plan.config.rounds} rounds, {placement.device} ({placement.threads} threads/rank) "
+                f"-> {out}",
+                flush=True,
+            )
         row = placement_row(placement)
-        print(f"mpicd: rank {comm.rank} on {row['host']}: local rank {row['local_rank']}, {row['device']}, "
-              f"{row['threads']} threads", flush=True)
+        print(
+            f"mpicd: rank {comm.rank} on {row['host']}: local rank {row['local_rank']}, {row['device']}, "
+            f"{row['threads']} threads",
+            flush=True,
+        )
         try:  # a refused resume raises on every rank at the same point (see loop.resume_point)
-            outcome = run_rounds(plan, comm, placement, out, resume=args.resume,
-                                 log=lambda line: print(line, flush=True), stop_requested=stop, startup=startup)
+            outcome = run_rounds(
+                plan,
+                comm,
+                placement,
+                out,
+                resume=args.resume,
+                log=lambda line: print(line, flush=True),
+                stop_requested=stop,
+                startup=startup,
+            )
         except ConfigError as err:
             if comm.rank == 0:
                 print(f"mpicd: {err}", file=sys.stderr, flush=True)
@@ -366,17 +466,23 @@ def _check_output(plan, out: str) -> None:
     from .results import check_output_location, estimated_bytes
 
     cfg, dataset = plan.config, plan.dataset
-    model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, cfg.model.feature_dim,
-                        cfg.model.hidden)
-    check_output_location(out, estimated_bytes(cfg.rounds, cfg.clients, dataset.num_classes,
-                                               num_parameters(model), cfg.checkpoint.every > 0))
+    model = build_model(
+        cfg.model.name, dataset.input_shape, dataset.num_classes, cfg.model.feature_dim, cfg.model.hidden
+    )
+    check_output_location(
+        out,
+        estimated_bytes(cfg.rounds, cfg.clients, dataset.num_classes, num_parameters(model), cfg.checkpoint.every > 0),
+    )
 
 
 def _config_for(comm, args):
     config = load_config(args.config, args.overrides)
     if config.clients != comm.size:
-        raise ConfigError("clients", f"the config has {config.clients} clients but the job has {comm.size} MPI "
-                                     f"ranks: {launch_hint(config.clients)}, or set clients={comm.size}")
+        raise ConfigError(
+            "clients",
+            f"the config has {config.clients} clients but the job has {comm.size} MPI "
+            f"ranks: {launch_hint(config.clients)}, or set clients={comm.size}",
+        )
     return config
 
 

@@ -28,7 +28,7 @@ class EpochLoss:
 class Scores:
     """Metrics of one client's model on one evaluation split."""
 
-    recall: np.ndarray      # (classes,)
+    recall: np.ndarray  # (classes,)
     acc: float
     balanced_acc: float
     minority_acc: float
@@ -59,22 +59,35 @@ class Client:
         self.plan, self.comm, self.device = plan, comm, torch.device(device)
         rank = comm.rank
         train = plan.dataset.train
-        own = (np.concatenate(plan.partition.train_indices) if plan.algorithm_cls.trains_on_union
-               else plan.partition.train_indices[rank])
+        own = (
+            np.concatenate(plan.partition.train_indices)
+            if plan.algorithm_cls.trains_on_union
+            else plan.partition.train_indices[rank]
+        )
         self.train_x = torch.from_numpy(train.x[own]).to(self.device)
         self.train_y = torch.from_numpy(train.y[own]).to(self.device)
         self.eval_sets = {"test": (torch.from_numpy(plan.dataset.test.x).to(self.device), plan.dataset.test.y)}
         if plan.dataset.val is not None:
             self.eval_sets["val"] = (torch.from_numpy(plan.dataset.val.x).to(self.device), plan.dataset.val.y)
         torch.manual_seed(seeds.torch_seed(cfg.seed, seeds.INIT))  # one common initial model
-        self.model = build_model(cfg.model.name, plan.dataset.input_shape, plan.dataset.num_classes,
-                                 cfg.model.feature_dim, cfg.model.hidden).to(self.device)
+        self.model = build_model(
+            cfg.model.name, plan.dataset.input_shape, plan.dataset.num_classes, cfg.model.feature_dim, cfg.model.hidden
+        ).to(self.device)
         self.optimizer = make_optimizer(self.model, cfg.train)
         self.expertise_class = int(plan.partition.expertise[rank])
-        self.algorithm = plan.algorithm_cls(plan.algorithm_params, Context(
-            comm=comm, model=self.model, device=self.device, seed=cfg.seed,
-            num_classes=plan.dataset.num_classes, expertise=plan.partition.expertise,
-            train_x=self.train_x, train_y=self.train_y))
+        self.algorithm = plan.algorithm_cls(
+            plan.algorithm_params,
+            Context(
+                comm=comm,
+                model=self.model,
+                device=self.device,
+                seed=cfg.seed,
+                num_classes=plan.dataset.num_classes,
+                expertise=plan.partition.expertise,
+                train_x=self.train_x,
+                train_y=self.train_y,
+            ),
+        )
 
     def train_round(self, round_index: int, fault=None, guard=None) -> EpochLoss:
         """One round's training: the algorithm's exchange before the epoch, the local epochs, its
@@ -107,8 +120,9 @@ class Client:
         model.train()
         total_ce, total_extra, seen = 0.0, 0.0, 0
         for epoch in range(cfg.train.local_epochs):
-            order = torch.from_numpy(seeds.rng(cfg.seed, seeds.SHUFFLE, self.comm.rank, round_index, epoch)
-                                     .permutation(len(self.train_y)))
+            order = torch.from_numpy(
+                seeds.rng(cfg.seed, seeds.SHUFFLE, self.comm.rank, round_index, epoch).permutation(len(self.train_y))
+            )
             for b, (start, stop) in enumerate(batch_bounds(len(order), cfg.train.batch_size)):
                 index = order[start:stop].to(self.device)
                 x, y = self.train_x[index], self.train_y[index]
@@ -119,9 +133,11 @@ class Client:
                 loss = ce if extra is None else ce + extra
                 value = float(loss.detach())
                 if not math.isfinite(value):
-                    raise NonFiniteLoss(f"the training loss is {value} (epoch {epoch}, batch {b}: cross-entropy "
-                                        f"{float(ce.detach())}, {algorithm.name} term "
-                                        f"{'none' if extra is None else float(extra.detach())})")
+                    raise NonFiniteLoss(
+                        f"the training loss is {value} (epoch {epoch}, batch {b}: cross-entropy "
+                        f"{float(ce.detach())}, {algorithm.name} term "
+                        f"{'none' if extra is None else float(extra.detach())})"
+                    )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 self.optimizer.step()
@@ -138,18 +154,20 @@ class Client:
         x, y = self.eval_sets[split]
         batch = self.plan.config.train.eval_batch_size
         with torch.no_grad():
-            predictions = np.concatenate([
-                self.algorithm.predict(x[i: i + batch]).argmax(dim=1).cpu().numpy()
-                for i in range(0, len(x), batch)])
+            predictions = np.concatenate(
+                [self.algorithm.predict(x[i : i + batch]).argmax(dim=1).cpu().numpy() for i in range(0, len(x), batch)]
+            )
         recall = metrics.per_class_recall(y, predictions, self.plan.dataset.num_classes)
-        return Scores(recall=recall, acc=metrics.accuracy(y, predictions),
-                      balanced_acc=metrics.balanced_accuracy(recall),
-                      minority_acc=metrics.minority_accuracy(recall, self.expertise_class))
+        return Scores(
+            recall=recall,
+            acc=metrics.accuracy(y, predictions),
+            balanced_acc=metrics.balanced_accuracy(recall),
+            minority_acc=metrics.minority_accuracy(recall, self.expertise_class),
+        )
 
 
 def make_optimizer(model: torch.nn.Module, train) -> torch.optim.Optimizer:
     """Created once per client; its state (Adam's moments) persists across rounds."""
     if train.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
-    return torch.optim.SGD(model.parameters(), lr=train.lr, momentum=train.momentum,
-                           weight_decay=train.weight_decay)
+    return torch.optim.SGD(model.parameters(), lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)

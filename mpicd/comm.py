@@ -98,8 +98,10 @@ class Comm:
         for array in arrays:
             if array.dtype.kind == "f" and not np.isfinite(array).all():
                 bad = int(array.size - np.isfinite(array).sum())
-                raise NonFiniteError(f"mpicd: {self.where()}: {bad} of {array.size} values about to be sent "
-                                     f"({operation}) are NaN or inf; nothing was sent")
+                raise NonFiniteError(
+                    f"mpicd: {self.where()}: {bad} of {array.size} values about to be sent "
+                    f"({operation}) are NaN or inf; nothing was sent"
+                )
 
     def _agree_on_layout(self, operation: str, array: np.ndarray) -> None:
         """Every rank passes the same bytes and dtype to this collective, or every rank raises."""
@@ -118,7 +120,8 @@ class Comm:
         raise ProtocolError(
             f"mpicd: {self.where()}: {operation} layouts differ: rank {odd} passes {everyone[odd, 0]} bytes of "
             f"{names[int(everyone[odd, 1])]}, rank {0 if odd else 1} passes {everyone[0 if odd else 1, 0]} bytes "
-            f"of {names[int(everyone[0 if odd else 1, 1])]}")
+            f"of {names[int(everyone[0 if odd else 1, 1])]}"
+        )
 
     def _enter(self, operation: str, arrays: list[np.ndarray]) -> None:
         if self.on_transfer is not None:
@@ -129,8 +132,13 @@ class Comm:
         if self.after_transfer is not None:
             self.after_transfer()
 
-    def exchange(self, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, np.ndarray]],
-                 tag: int, allow_empty: bool = False) -> list[int]:
+    def exchange(
+        self,
+        sends: list[tuple[int, np.ndarray]],
+        recvs: list[tuple[int, np.ndarray]],
+        tag: int,
+        allow_empty: bool = False,
+    ) -> list[int]:
         """Post every Isend and Irecv, then Waitall; fills the ``recvs`` buffers in place and
         returns the bytes received per receive (``allow_empty``: an empty message, "nothing
         this round", is accepted besides the full size).
@@ -152,10 +160,9 @@ class Comm:
             received.append(got)
             if got != buf.nbytes and not (allow_empty and got == 0):
                 raise ProtocolError(
-                    f"mpicd: {self.where()}: expected {buf.nbytes} bytes from rank {src} (tag {tag}), "
-                    f"received {got}")
-        self.ledger.record("p2p", sum(b.nbytes for _, b in sends), sum(received),
-                           time.perf_counter() - start)
+                    f"mpicd: {self.where()}: expected {buf.nbytes} bytes from rank {src} (tag {tag}), received {got}"
+                )
+        self.ledger.record("p2p", sum(b.nbytes for _, b in sends), sum(received), time.perf_counter() - start)
         return received
 
     def allreduce_sum(self, array: np.ndarray) -> np.ndarray:

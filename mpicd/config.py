@@ -45,34 +45,51 @@ def spec(default: Any = dataclasses.MISSING, *, doc: str = "", **bounds: Any) ->
 @dataclass
 class DataConfig:
     name: Literal["breast_cancer", "medmnist", "aptos", "covid"] = spec(
-        "breast_cancer", doc="dataset format; breast_cancer is built in (no download)")
+        "breast_cancer", doc="dataset format; breast_cancer is built in (no download)"
+    )
     path: Optional[str] = spec(None, doc="medmnist: the .npz file; aptos/covid: the dataset folder")
     image_size: Optional[int] = spec(None, ge=8, doc="resize images to this square size (aptos/covid default 64)")
     classes: Optional[list[str]] = spec(None, doc="covid: class folders in label order (default Normal, COVID)")
     test_fraction: float = spec(0.2, gt=0.0, lt=1.0, doc="held-out fraction where no official test split exists")
-    val_fraction: float = spec(0.1, gt=0.0, lt=1.0, doc="validation fraction of each class where no official "
-                                                        "val split exists (test_fraction + val_fraction < 1)")
-    split_seed: int = spec(0, ge=0, doc="seed of those held-out and validation splits; fixed so every run seed "
-                                        "sees the same ones")
-    images_per_class: Optional[int] = spec(None, ge=1, doc="per-client images of each class before skew (null: as "
-                                                           "many as the rarest class allows)")
+    val_fraction: float = spec(
+        0.1,
+        gt=0.0,
+        lt=1.0,
+        doc="validation fraction of each class where no official val split exists (test_fraction + val_fraction < 1)",
+    )
+    split_seed: int = spec(
+        0, ge=0, doc="seed of those held-out and validation splits; fixed so every run seed sees the same ones"
+    )
+    images_per_class: Optional[int] = spec(
+        None, ge=1, doc="per-client images of each class before skew (null: as many as the rarest class allows)"
+    )
     skew: float = spec(0.0, ge=0.0, lt=1.0, doc="each non-expertise class keeps a fraction 1 - skew on each client")
     skew_mode: Literal["symmetric", "authors"] = spec(
-        "symmetric", doc="symmetric: skew on every client; authors: only on clients whose expertise class is 0 "
-                         "(the authors' code)")
+        "symmetric",
+        doc="symmetric: skew on every client; authors: only on clients whose expertise class is 0 (the authors' code)",
+    )
 
     def __post_init__(self) -> None:
         if self.test_fraction + self.val_fraction >= 1.0:
-            raise ConfigError("data.val_fraction", f"test_fraction + val_fraction must be < 1 (nothing left to "
-                                                   f"train on), got {self.test_fraction} + {self.val_fraction}")
+            raise ConfigError(
+                "data.val_fraction",
+                f"test_fraction + val_fraction must be < 1 (nothing left to "
+                f"train on), got {self.test_fraction} + {self.val_fraction}",
+            )
 
 
 @dataclass
 class ModelConfig:
     name: Literal["auto", "lenet", "fedavgcnn", "mlp", "resnet18"] = spec(
-        "auto", doc="auto: lenet for images, mlp for tabular data; fedavgcnn needs images >= 16x16")
-    feature_dim: int = spec(200, ge=1, le=65536, doc="D, the width of the feature vector the head reads (lenet, mlp; "
-                                           "fedavgcnn and resnet18 have D = 512 and ignore it)")
+        "auto", doc="auto: lenet for images, mlp for tabular data; fedavgcnn needs images >= 16x16"
+    )
+    feature_dim: int = spec(
+        200,
+        ge=1,
+        le=65536,
+        doc="D, the width of the feature vector the head reads (lenet, mlp; "
+        "fedavgcnn and resnet18 have D = 512 and ignore it)",
+    )
     hidden: int = spec(64, ge=1, le=65536, doc="mlp: hidden layer width")
 
 
@@ -89,7 +106,9 @@ class TrainConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = spec(1, ge=0, doc="save every rank's state every N rounds (0: never) beside the results file, for --resume")
+    every: int = spec(
+        1, ge=0, doc="save every rank's state every N rounds (0: never) beside the results file, for --resume"
+    )
 
 
 @dataclass
@@ -99,16 +118,20 @@ class DebugConfig:
     fail_rank: Optional[int] = spec(None, ge=0, doc="inject a fault on this rank (null: no fault)")
     fail_round: int = spec(0, ge=0, doc="in this round, counted from 0 (2: the third round fails, 2 stay in the file)")
     fail_kind: Literal["exception", "exit", "kill", "hang", "nan"] = spec(
-        "exception", doc="raise | os._exit(1) | SIGKILL itself | sleep instead of the next exchange | NaN in the model")
+        "exception", doc="raise | os._exit(1) | SIGKILL itself | sleep instead of the next exchange | NaN in the model"
+    )
     fail_at: Literal["before_exchange", "in_exchange", "after_epoch", "in_write"] = spec(
-        "after_epoch", doc="where in the round: before the algorithm's exchange, inside it (after posting), "
-                           "after the local epoch, inside the collective results write")
+        "after_epoch",
+        doc="where in the round: before the algorithm's exchange, inside it (after posting), "
+        "after the local epoch, inside the collective results write",
+    )
 
 
 @dataclass
 class TimeoutConfig:
-    round_seconds: Optional[float] = spec(None, gt=0.0, doc="watchdog: a round that takes longer ends the job, "
-                                                            "naming rank and round (null: off)")
+    round_seconds: Optional[float] = spec(
+        None, gt=0.0, doc="watchdog: a round that takes longer ends the job, naming rank and round (null: off)"
+    )
 
 
 # Keys that say how a run is executed, not what it computes: a resumed run may change them, and
@@ -132,12 +155,16 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    algorithm: dict = field(default_factory=lambda: {"name": "codistill"},
-                            metadata={"doc": "the method and its own keys (mpicd config --algorithm NAME)"})
+    algorithm: dict = field(
+        default_factory=lambda: {"name": "codistill"},
+        metadata={"doc": "the method and its own keys (mpicd config --algorithm NAME)"},
+    )
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     on_nonfinite: Literal["abort", "skip"] = spec(
-        "abort", doc="NaN/inf in a loss or a payload: abort naming rank and round, or skip: drop that "
-                     "client's update for the round (recorded in /metrics/skipped)")
+        "abort",
+        doc="NaN/inf in a loss or a payload: abort naming rank and round, or skip: drop that "
+        "client's update for the round (recorded in /metrics/skipped)",
+    )
     debug: DebugConfig = field(default_factory=DebugConfig)
     timeout: TimeoutConfig = field(default_factory=TimeoutConfig)
 
@@ -150,6 +177,7 @@ class Config:
 
 
 # --------------------------------------------------------------------------- validation
+
 
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
@@ -198,8 +226,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(number, int) and not isinstance(number, bool):
             if -_INT_LIMIT <= number < _INT_LIMIT:
                 return number
-            raise ConfigError(key, f"must be an integer in [-2**63, 2**63) (what numpy, torch and HDF5 hold), "
-                                   f"got {_show(value)}")
+            raise ConfigError(
+                key, f"must be an integer in [-2**63, 2**63) (what numpy, torch and HDF5 hold), got {_show(value)}"
+            )
         raise ConfigError(key, f"must be an integer, got {_show(value)}")
     if tp is float:
         number = _number(value)
@@ -224,7 +253,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise TypeError(f"unsupported config type {tp!r} for {key}")
 
 
-_INT_LIMIT = 2 ** 63
+_INT_LIMIT = 2**63
 _SHOW = reprlib.Repr()
 _SHOW.maxstring = _SHOW.maxother = _SHOW.maxlong = 80
 _SHOW.maxlevel, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxtuple, _SHOW.maxset = 3, 6, 6, 6, 6
@@ -260,8 +289,12 @@ def _number(value: Any) -> Any:
 def _check_bounds(value: Any, meta: typing.Mapping, key: str) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
-    checks = {"ge": (lambda v, b: v >= b, ">="), "gt": (lambda v, b: v > b, ">"),
-              "le": (lambda v, b: v <= b, "<="), "lt": (lambda v, b: v < b, "<")}
+    checks = {
+        "ge": (lambda v, b: v >= b, ">="),
+        "gt": (lambda v, b: v > b, ">"),
+        "le": (lambda v, b: v <= b, "<="),
+        "lt": (lambda v, b: v < b, "<"),
+    }
     for name, (ok, sign) in checks.items():
         if name in meta and not ok(value, meta[name]):
             raise ConfigError(key, f"must be {sign} {meta[name]}, got {value!r}")
@@ -309,11 +342,12 @@ def to_mapping(obj: Any) -> Any:
 
 # --------------------------------------------------------------------------- description
 
+
 @dataclass(frozen=True)
 class KeyDoc:
     """One key as ``mpicd config`` and the README's table show it."""
 
-    key: str        # dotted, as written in YAML
+    key: str  # dotted, as written in YAML
     default: Any
     allowed: str
     doc: str
@@ -333,10 +367,22 @@ def _allowed(tp: Any, meta: typing.Mapping) -> str:
     if origin is list:
         return f"list of {_allowed(typing.get_args(tp)[0], {})}s"
     if tp in (int, float):
-        low = next(((f"[{meta[b]:g}", f">= {meta[b]:g}") if b == "ge" else (f"({meta[b]:g}", f"> {meta[b]:g}")
-                    for b in ("ge", "gt") if b in meta), None)
-        high = next(((f"{meta[b]:g}]", f"<= {meta[b]:g}") if b == "le" else (f"{meta[b]:g})", f"< {meta[b]:g}")
-                     for b in ("le", "lt") if b in meta), None)
+        low = next(
+            (
+                (f"[{meta[b]:g}", f">= {meta[b]:g}") if b == "ge" else (f"({meta[b]:g}", f"> {meta[b]:g}")
+                for b in ("ge", "gt")
+                if b in meta
+            ),
+            None,
+        )
+        high = next(
+            (
+                (f"{meta[b]:g}]", f"<= {meta[b]:g}") if b == "le" else (f"{meta[b]:g})", f"< {meta[b]:g}")
+                for b in ("le", "lt")
+                if b in meta
+            ),
+            None,
+        )
         name = "integer" if tp is int else "number"
         if low and high:
             return f"{name} in {low[0]}, {high[0]}"
@@ -383,9 +429,12 @@ def _check_method_switch(section: Any, name: Any) -> None:
     own = {f.name.rstrip("_") for f in dataclasses.fields(REGISTRY[name].Params)}
     foreign = sorted(set(section) - {"name"} - own)
     if foreign:
-        raise ConfigError("algorithm.name", f"{name} takes no {', '.join(foreign)} (left from {section['name']}): "
-                                            f"to switch method, write algorithm={name} (its defaults) or "
-                                            f"algorithm={{name: {name}, ...}}")
+        raise ConfigError(
+            "algorithm.name",
+            f"{name} takes no {', '.join(foreign)} (left from {section['name']}): "
+            f"to switch method, write algorithm={name} (its defaults) or "
+            f"algorithm={{name: {name}, ...}}",
+        )
 
 
 def _parse_yaml(text: str, key: str, failure: str, source: str = "") -> Any:
@@ -435,9 +484,12 @@ def _refuse_duplicates(node: Any, prefix: str, source: str) -> None:
                     dotted = f"{where}.{_key_text(key_node.value)}" if where else _key_text(key_node.value)
                     line = key_node.start_mark.line + 1
                     if (key_node.tag, key_node.value) in lines:
-                        raise ConfigError(dotted, f"is set twice in {source} (lines "
-                                                  f"{lines[key_node.tag, key_node.value]} and {line}); "
-                                                  f"YAML would silently keep the last")
+                        raise ConfigError(
+                            dotted,
+                            f"is set twice in {source} (lines "
+                            f"{lines[key_node.tag, key_node.value]} and {line}); "
+                            f"YAML would silently keep the last",
+                        )
                     lines[key_node.tag, key_node.value] = line
                     stack.append((value_node, dotted))
                 else:
@@ -488,8 +540,7 @@ def load_tree(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> 
         if tree is None:  # an empty file, or only comments
             tree = {}
         if not isinstance(tree, dict):
-            raise ConfigError("", f"config file {str(p)!r} must hold a mapping at the top level, "
-                                  f"got {_show(tree)}")
+            raise ConfigError("", f"config file {str(p)!r} must hold a mapping at the top level, got {_show(tree)}")
         tree = {key: _select_group(key, value) for key, value in tree.items()}
     for assignment in overrides:
         apply_override(tree, assignment)
@@ -502,6 +553,7 @@ def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -
     if "name" not in cfg.algorithm:
         raise ConfigError("algorithm.name", "missing (e.g. codistill)")
     if not isinstance(cfg.algorithm["name"], (str, type(None))):  # the registry would fail to look it up
-        raise ConfigError("algorithm.name", f"must be the name of a method, e.g. codistill, "
-                                            f"got {_show(cfg.algorithm['name'])}")
+        raise ConfigError(
+            "algorithm.name", f"must be the name of a method, e.g. codistill, got {_show(cfg.algorithm['name'])}"
+        )
     return cfg

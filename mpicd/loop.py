@@ -36,9 +36,14 @@ def software_versions() -> dict:
     from mpi4py import MPI
 
     return {
-        "python": platform.python_version(), "numpy": np.__version__, "torch": str(torch.__version__),
-        "h5py": h5py.__version__, "hdf5": h5py.version.hdf5_version, "h5py_mpi": bool(h5py.get_config().mpi),
-        "mpi4py": mpi4py.__version__, "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "torch": str(torch.__version__),
+        "h5py": h5py.__version__,
+        "hdf5": h5py.version.hdf5_version,
+        "h5py_mpi": bool(h5py.get_config().mpi),
+        "mpi4py": mpi4py.__version__,
+        "mpi": MPI.Get_library_version().splitlines()[0].strip(),
     }
 
 
@@ -91,7 +96,7 @@ def config_difference(saved: dict, current: dict) -> str | None:
 @dataclass(frozen=True)
 class Outcome:
     completed_rounds: int
-    stopped: bool        # True: stopped early on request, checkpointed, resumable
+    stopped: bool  # True: stopped early on request, checkpointed, resumable
 
 
 def _state(plan: Plan, client: Client, ledger) -> dict:
@@ -172,16 +177,27 @@ def resume_point(plan: Plan, client: Client, comm, out: Path) -> int:
     difference = config_difference(state["config"], plan.resolved_config)
     same = int(comm.allreduce_min(np.array([int(difference is None)], dtype=np.int64))[0])
     if not same:  # every rank raises here, so none is left in a collective
-        raise ConfigError("--resume", f"the checkpoint in {folder} was made with a different config: "
-                                      f"{difference or 'on another rank'}; use another output file or "
-                                      f"restore the config")
+        raise ConfigError(
+            "--resume",
+            f"the checkpoint in {folder} was made with a different config: "
+            f"{difference or 'on another rank'}; use another output file or "
+            f"restore the config",
+        )
     _restore(client, comm.ledger, state)
     return agreed
 
 
-def run(plan: Plan, comm, placement, out: str | Path, log: Callable[[str], None] = print,
-        parallel_io: bool | None = None, resume: bool = False,
-        stop_requested: Callable[[], bool] = lambda: False, startup: dict | None = None) -> Outcome:
+def run(
+    plan: Plan,
+    comm,
+    placement,
+    out: str | Path,
+    log: Callable[[str], None] = print,
+    parallel_io: bool | None = None,
+    resume: bool = False,
+    stop_requested: Callable[[], bool] = lambda: False,
+    startup: dict | None = None,
+) -> Outcome:
     """Train the config's rounds on this rank and write the results file collectively.
 
     ``startup``: rank 0's seconds per start-up phase (recorded as the attr ``startup_seconds``).
@@ -196,17 +212,29 @@ def run(plan: Plan, comm, placement, out: str | Path, log: Callable[[str], None]
             log(f"mpicd: {out} already holds all {cfg.rounds} rounds; nothing to do")
         return Outcome(start, False)
     if resume and comm.rank == 0:
-        log(f"mpicd: resuming at round {start + 1} from {checkpoint.folder_for(out)}" if start
-            else "mpicd: no checkpoint to resume from; starting at round 1")
+        log(
+            f"mpicd: resuming at round {start + 1} from {checkpoint.folder_for(out)}"
+            if start
+            else "mpicd: no checkpoint to resume from; starting at round 1"
+        )
     test_counts = np.bincount(plan.dataset.test.y, minlength=plan.dataset.num_classes)
     writer = ResultsWriter(
-        out, comm, rounds=cfg.rounds, num_classes=plan.dataset.num_classes, attrs=results_attrs(plan, client),
-        train_counts=plan.partition.train_counts, test_counts=np.tile(test_counts, (cfg.clients, 1)),
-        expertise=plan.partition.expertise, placement=placement_row(placement), parallel=parallel_io,
-        resume_at=start or None)
+        out,
+        comm,
+        rounds=cfg.rounds,
+        num_classes=plan.dataset.num_classes,
+        attrs=results_attrs(plan, client),
+        train_counts=plan.partition.train_counts,
+        test_counts=np.tile(test_counts, (cfg.clients, 1)),
+        expertise=plan.partition.expertise,
+        placement=placement_row(placement),
+        parallel=parallel_io,
+        resume_at=start or None,
+    )
     if startup is not None:
-        writer.set_attr("startup_seconds", yaml.safe_dump({k: round(float(v), 4) for k, v in startup.items()},
-                                                          sort_keys=False))
+        writer.set_attr(
+            "startup_seconds", yaml.safe_dump({k: round(float(v), 4) for k, v in startup.items()}, sort_keys=False)
+        )
     watchdog, fault, guard = _guards(plan, client, comm, writer)
     try:
         return _rounds(plan, client, comm, writer, out, start, log, stop_requested, watchdog, fault, guard)
@@ -221,8 +249,12 @@ def _guards(plan: Plan, client: Client, comm, writer):
 
     cfg = plan.config
     watchdog = Watchdog(cfg.timeout.round_seconds, comm.rank, MPI.COMM_WORLD.Abort)
-    fault = FaultInjector(cfg.debug, comm.rank, client.model,
-                          on_hang=lambda: setattr(watchdog, "phase", "hanging on purpose (debug.fail_kind=hang)"))
+    fault = FaultInjector(
+        cfg.debug,
+        comm.rank,
+        client.model,
+        on_hang=lambda: setattr(watchdog, "phase", "hanging on purpose (debug.fail_kind=hang)"),
+    )
 
     def entering(operation: str, outgoing: list) -> None:
         watchdog.phase = f"waiting in {operation}"
@@ -236,8 +268,19 @@ def _guards(plan: Plan, client: Client, comm, writer):
     return watchdog, fault, NonFiniteGuard(cfg.on_nonfinite, client, comm)
 
 
-def _rounds(plan: Plan, client: Client, comm, writer, out: Path, start: int, log, stop_requested,
-            watchdog: Watchdog, fault: FaultInjector, guard: NonFiniteGuard) -> Outcome:
+def _rounds(
+    plan: Plan,
+    client: Client,
+    comm,
+    writer,
+    out: Path,
+    start: int,
+    log,
+    stop_requested,
+    watchdog: Watchdog,
+    fault: FaultInjector,
+    guard: NonFiniteGuard,
+) -> Outcome:
     from .results import RoundRow
 
     cfg, ledger, every = plan.config, comm.ledger, plan.config.checkpoint.every
@@ -258,18 +301,30 @@ def _rounds(plan: Plan, client: Client, comm, writer, out: Path, start: int, log
         finished = time.perf_counter()
         elapsed = finished - started
         watchdog.phase = "writing the results row"
-        writer.write_round(r, RoundRow(loss=loss, test=test, val=val, traffic=traffic,
-                                       compute_seconds=elapsed - traffic.seconds,
-                                       teacher=client.algorithm.teacher(),
-                                       train_seconds=trained - started - traffic.seconds,
-                                       eval_seconds=finished - trained, skipped=int(guard.dropped)))
+        writer.write_round(
+            r,
+            RoundRow(
+                loss=loss,
+                test=test,
+                val=val,
+                traffic=traffic,
+                compute_seconds=elapsed - traffic.seconds,
+                teacher=client.algorithm.teacher(),
+                train_seconds=trained - started - traffic.seconds,
+                eval_seconds=finished - trained,
+                skipped=int(guard.dropped),
+            ),
+        )
         # Progress line and stop agreement: a small Allreduce outside the round's ledger row.
-        summary = comm.allreduce_sum(np.array([test.minority_acc, traffic.total_sent, elapsed,
-                                               float(stop_requested())]))
+        summary = comm.allreduce_sum(
+            np.array([test.minority_acc, traffic.total_sent, elapsed, float(stop_requested())])
+        )
         stop = summary[3] > 0 and r + 1 < cfg.rounds
         if comm.rank == 0:
-            log(f"round {r + 1:>4}/{cfg.rounds}  minority_acc {summary[0] / comm.size:.4f}  "
-                f"bytes {int(summary[1]):>12,d}  {summary[2] / comm.size:6.2f} s")
+            log(
+                f"round {r + 1:>4}/{cfg.rounds}  minority_acc {summary[0] / comm.size:.4f}  "
+                f"bytes {int(summary[1]):>12,d}  {summary[2] / comm.size:6.2f} s"
+            )
         watchdog.phase = "checkpointing"
         if ((every and (r + 1) % every == 0) or stop) and r + 1 < cfg.rounds:
             checkpoint.save(checkpoint.folder_for(out), comm.rank, r + 1, _state(plan, client, ledger))
@@ -303,5 +358,9 @@ def _remove_checkpoints(comm, folder: Path) -> None:
 def placement_row(placement) -> dict:
     import socket
 
-    return {"host": socket.gethostname(), "local_rank": placement.local_rank, "device": placement.device,
-            "threads": placement.threads}
+    return {
+        "host": socket.gethostname(),
+        "local_rank": placement.local_rank,
+        "device": placement.device,
+        "threads": placement.threads,
+    }

@@ -7,8 +7,7 @@ import numpy as np
 
 def confusion(labels: np.ndarray, predictions: np.ndarray, num_classes: int) -> np.ndarray:
     """(true class, predicted class) counts."""
-    return np.bincount(labels * num_classes + predictions, minlength=num_classes ** 2).reshape(
-        num_classes, num_classes)
+    return np.bincount(labels * num_classes + predictions, minlength=num_classes**2).reshape(num_classes, num_classes)
 
 
 def per_class_recall(labels: np.ndarray, predictions: np.ndarray, num_classes: int) -> np.ndarray:

@@ -41,11 +41,18 @@ def lenet(in_channels: int, feature_dim: int, num_classes: int) -> FeatureHeadMo
     (28 -> 14 -> 7 -> 7 -> pool), as on any side >= 4, because the global pool fixes the width.
     """
     features = nn.Sequential(
-        nn.Conv2d(in_channels, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 120, 3, padding=1), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        nn.Linear(120, feature_dim), nn.Tanh(),
+        nn.Conv2d(in_channels, 6, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 120, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(120, feature_dim),
+        nn.Tanh(),
     )
     return FeatureHeadModel(features, nn.Linear(feature_dim, num_classes), feature_dim, num_classes)
 
@@ -60,13 +67,20 @@ def fedavgcnn(in_channels: int, height: int, width: int, num_classes: int) -> Fe
     64 * s(H) * s(W) with s(n) = ((n - 4) // 2 - 4) // 2: 1024 at 28x28, 10816 at 64x64, as
     PFLlib's hard-coded ``dim``; images need a side of at least 16.
     """
+
     def side(n: int) -> int:
         return ((n - 4) // 2 - 4) // 2
 
     features = nn.Sequential(
-        nn.Conv2d(in_channels, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * side(height) * side(width), 512), nn.ReLU(),
+        nn.Conv2d(in_channels, 32, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * side(height) * side(width), 512),
+        nn.ReLU(),
     )
     return FeatureHeadModel(features, nn.Linear(512, num_classes), 512, num_classes)
 
@@ -74,7 +88,11 @@ def fedavgcnn(in_channels: int, height: int, width: int, num_classes: int) -> Fe
 def mlp(in_features: int, hidden: int, feature_dim: int, num_classes: int) -> FeatureHeadModel:
     """The same features/head split for tabular data: one hidden ReLU layer, then D with tanh."""
     features = nn.Sequential(
-        nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, feature_dim), nn.Tanh(),
+        nn.Flatten(),
+        nn.Linear(in_features, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, feature_dim),
+        nn.Tanh(),
     )
     return FeatureHeadModel(features, nn.Linear(feature_dim, num_classes), feature_dim, num_classes)
 
@@ -91,8 +109,9 @@ def resnet18(in_channels: int, num_classes: int) -> FeatureHeadModel:
     return FeatureHeadModel(net, head, 512, num_classes)
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, feature_dim: int,
-                hidden: int) -> FeatureHeadModel:
+def build_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, feature_dim: int, hidden: int
+) -> FeatureHeadModel:
     """``name`` from the config; ``auto`` picks lenet for images and mlp for feature vectors.
 
     ``feature_dim`` sets D for lenet and mlp only; resnet18 and fedavgcnn have D = 512
@@ -103,11 +122,16 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, featu
         name = "lenet" if is_image else "mlp"
     if name in MIN_IMAGE_SIDE:
         if not is_image:
-            raise ConfigError("model.name", f"{name} needs images; the dataset has feature vectors of shape {input_shape}")
+            raise ConfigError(
+                "model.name", f"{name} needs images; the dataset has feature vectors of shape {input_shape}"
+            )
         if min(input_shape[1:]) < MIN_IMAGE_SIDE[name]:
-            raise ConfigError("model.name", f"{name} needs images of at least {MIN_IMAGE_SIDE[name]}x"
-                                            f"{MIN_IMAGE_SIDE[name]}; the dataset's are {input_shape[1]}x"
-                                            f"{input_shape[2]} (raise data.image_size or pick another model)")
+            raise ConfigError(
+                "model.name",
+                f"{name} needs images of at least {MIN_IMAGE_SIDE[name]}x"
+                f"{MIN_IMAGE_SIDE[name]}; the dataset's are {input_shape[1]}x"
+                f"{input_shape[2]} (raise data.image_size or pick another model)",
+            )
     if name == "lenet":
         return lenet(input_shape[0], feature_dim, num_classes)
     if name == "fedavgcnn":

@@ -85,9 +85,12 @@ def check_room(nbytes: int, folder: str = "/dev/shm") -> None:
         stat = os.statvfs(folder)
         free = stat.f_bavail * stat.f_frsize
         if free < nbytes:
-            raise ConfigError("data.path", f"the dataset needs {nbytes / 2**20:.1f} MiB of shared memory on each "
-                                           f"node but {folder} has {free / 2**20:.1f} MiB free; enlarge it (in a "
-                                           f"container: docker run --shm-size=...)")
+            raise ConfigError(
+                "data.path",
+                f"the dataset needs {nbytes / 2**20:.1f} MiB of shared memory on each "
+                f"node but {folder} has {free / 2**20:.1f} MiB free; enlarge it (in a "
+                f"container: docker run --shm-size=...)",
+            )
 
 
 def _encode(load: Callable[[], Dataset]) -> tuple[bytes, list[np.ndarray]]:
@@ -145,7 +148,7 @@ def load_shared(comm: Comm, load: Callable[[], Dataset]) -> tuple[Dataset, Share
         for slot in meta["arrays"]:
             dtype, shape = np.dtype(slot["dtype"]), tuple(slot["shape"])
             nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-            views.append(base[slot["offset"]:slot["offset"] + nbytes].view(dtype).reshape(shape))
+            views.append(base[slot["offset"] : slot["offset"] + nbytes].view(dtype).reshape(shape))
         for view, array in zip(views, arrays):  # the leader only
             view[...] = array
         del arrays

@@ -56,8 +56,9 @@ class Counter:
         start = time.perf_counter()
         self.win.Lock(0, MPI.LOCK_EXCLUSIVE)
         for i, name in enumerate(names):
-            self.win.Fetch_and_op([add[i:i + 1], MPI.INT64_T], [before[i:i + 1], MPI.INT64_T], 0,
-                                  getattr(self, name.upper()), MPI.SUM)
+            self.win.Fetch_and_op(
+                [add[i : i + 1], MPI.INT64_T], [before[i : i + 1], MPI.INT64_T], 0, getattr(self, name.upper()), MPI.SUM
+            )
         self.win.Unlock(0)  # the fetched values are valid from here on
         # one-sided to rank 0, counted like point-to-point (outside any run's rounds)
         self.ledger.record("p2p", add.nbytes, before.nbytes, time.perf_counter() - start)
@@ -91,8 +92,10 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
     count = world.bcast(np.array([len(pending)], dtype=np.int64))[0]
     pending = world.bcast(pending if world.rank == 0 else np.empty(count, dtype=np.int64))
     if world.rank == 0:
-        log(f"mpicd pack: {len(runs)} runs in {sweep_path}, {count} pending; {world.size} ranks = "
-            f"{groups} groups of {size}" + (f" ({world.size - groups * size} idle)" if world.size % size else ""))
+        log(
+            f"mpicd pack: {len(runs)} runs in {sweep_path}, {count} pending; {world.size} ranks = "
+            f"{groups} groups of {size}" + (f" ({world.size - groups * size} idle)" if world.size % size else "")
+        )
     color = world.rank // size if world.rank < groups * size else MPI.UNDEFINED
     group_mpi = world.mpi.Split(color, key=world.rank)
     counter = Counter(world)
@@ -100,8 +103,9 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
 
     def tally(**ended: int) -> str:  # ended: finished=1 or failed=1 with the run's milliseconds, or nothing
         n = counter.add(**{"finished": 0, "failed": 0, "milliseconds": 0, **ended})
-        return progress(n["finished"], n["failed"], count, time.perf_counter() - started, n["milliseconds"] / 1000,
-                        groups)
+        return progress(
+            n["finished"], n["failed"], count, time.perf_counter() - started, n["milliseconds"] / 1000, groups
+        )
 
     if group_mpi != MPI.COMM_NULL:
         scheduler = Comm(group_mpi)  # the group's scheduling traffic, apart from every run's ledger
@@ -111,14 +115,19 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
             if slot[0] >= count:
                 break
             run = runs[int(pending[slot[0]])]
-            say = (lambda line, g=color, i=run.index: log(f"[group {g} run {i}] {line}")) if leader else (lambda line: None)
+            say = (
+                (lambda line, g=color, i=run.index: log(f"[group {g} run {i}] {line}"))
+                if leader
+                else (lambda line: None)
+            )
             if leader:
                 say(f"start ({slot[0] + 1} of {count} pending; {tally()}): {' '.join(run.overrides)} -> {run.output}")
             comm, began = Comm(group_mpi), time.perf_counter()  # a fresh ledger per run
             try:
                 plan = agreed(comm, lambda run=run, comm=comm: prepare(load_config(run.config, run.overrides), comm))
-                outcome = run_rounds(plan, comm, placement, run.output, log=say, resume=True,
-                                     stop_requested=stop_requested)
+                outcome = run_rounds(
+                    plan, comm, placement, run.output, log=say, resume=True, stop_requested=stop_requested
+                )
                 plan.release()  # the node's shared copy of this run's data (a refused resume: at exit)
             except ConfigError as err:
                 failed.append(run.index)
@@ -137,8 +146,10 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
     counter.free()
     summary = world.allreduce_sum(np.array([len(failed), int(stopped)], dtype=np.int64))
     if world.rank == 0:
-        log(f"mpicd pack: finished in {time.perf_counter() - started:.1f} s; "
-            f"{int(summary[0])} failed, {'stopped early' if summary[1] else 'all pending runs done'}")
+        log(
+            f"mpicd pack: finished in {time.perf_counter() - started:.1f} s; "
+            f"{int(summary[0])} failed, {'stopped early' if summary[1] else 'all pending runs done'}"
+        )
     if summary[1]:
         return signals.EXIT_STOPPED
     return 1 if summary[0] else 0
@@ -147,11 +158,17 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
 def _check_sweep(runs: list, world_size: int) -> list:
     sizes = sorted({r.ranks for r in runs})
     if len(sizes) != 1:
-        raise ConfigError("grid.clients", f"mpicd pack needs one client count per sweep, this one has "
-                                          f"{sizes}: split it into one sweep file per count")
+        raise ConfigError(
+            "grid.clients",
+            f"mpicd pack needs one client count per sweep, this one has "
+            f"{sizes}: split it into one sweep file per count",
+        )
     if world_size < sizes[0]:
-        raise ConfigError("clients", f"each run needs {sizes[0]} ranks but the job has {world_size}: "
-                                     f"launch at least {sizes[0]} (a multiple of it)")
+        raise ConfigError(
+            "clients",
+            f"each run needs {sizes[0]} ranks but the job has {world_size}: "
+            f"launch at least {sizes[0]} (a multiple of it)",
+        )
     return runs
 
 

@@ -54,11 +54,23 @@ def prepare(config: Config, comm=None) -> Plan:
 
         dataset, shared = load_shared(comm, lambda: load_dataset(config.data))
     try:
-        partition = make_partition(dataset.train.y, dataset.num_classes, config.clients, config.data.skew,
-                                   config.data.images_per_class, config.seed, config.data.skew_mode)
+        partition = make_partition(
+            dataset.train.y,
+            dataset.num_classes,
+            config.clients,
+            config.data.skew,
+            config.data.images_per_class,
+            config.seed,
+            config.data.skew_mode,
+        )
         algorithm_cls.check(params, partition.train_counts, partition.expertise)
-        build_model(config.model.name, dataset.input_shape, dataset.num_classes,  # a mismatch fails here
-                    config.model.feature_dim, config.model.hidden)
+        build_model(
+            config.model.name,
+            dataset.input_shape,
+            dataset.num_classes,  # a mismatch fails here
+            config.model.feature_dim,
+            config.model.hidden,
+        )
     except ConfigError:
         if shared is not None:  # the same data and config: every rank of the node fails here alike
             shared.free()

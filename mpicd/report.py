@@ -95,8 +95,7 @@ class Cell:
 
     def drop(self, *prefixes: str) -> "Cell":
         """The cell without the given keys or sections (e.g. "algorithm", "data.skew")."""
-        return Cell(tuple((k, v) for k, v in self.items
-                          if not any(k == p or k.startswith(p + ".") for p in prefixes)))
+        return Cell(tuple((k, v) for k, v in self.items if not any(k == p or k.startswith(p + ".") for p in prefixes)))
 
     def sort_key(self) -> tuple:
         return (*(_order(self.get(k)) for k in HEADLINE), self.method, tuple((k, _order(v)) for k, v in self.items))
@@ -107,12 +106,12 @@ class RunSummary:
     path: Path
     cell: Cell
     seed: int
-    rounds: int              # completed rounds
+    rounds: int  # completed rounds
     planned_rounds: int
-    scores: dict             # metric -> the run's score
-    bytes_per_round: float   # sent + received over 2, per rank and round
-    curves: dict             # metric -> (completed rounds,) mean over clients
-    headline: dict           # dataset, clients, images_per_class as the run resolved them
+    scores: dict  # metric -> the run's score
+    bytes_per_round: float  # sent + received over 2, per rank and round
+    curves: dict  # metric -> (completed rounds,) mean over clients
+    headline: dict  # dataset, clients, images_per_class as the run resolved them
     selected_round: int | None = None  # 0-based, with select="best-val"
 
 
@@ -138,8 +137,10 @@ def summarize(source: str | Path | Results, last: int = 1, select: str = "last")
         window = slice(max(0, res.completed_rounds - last), res.completed_rounds)
     elif select == "best-val":
         if SELECT_METRIC not in res.metrics:
-            raise ReportError(f"{path}: no /metrics/{SELECT_METRIC}, which --select best-val needs "
-                              "(a file written before validation metrics existed?)")
+            raise ReportError(
+                f"{path}: no /metrics/{SELECT_METRIC}, which --select best-val needs "
+                "(a file written before validation metrics existed?)"
+            )
         val = res.metrics[SELECT_METRIC].mean(axis=1)
         if np.isnan(val).any():
             raise ReportError(f"{path}: /metrics/{SELECT_METRIC} has missing values in completed rounds")
@@ -149,16 +150,28 @@ def summarize(source: str | Path | Results, last: int = 1, select: str = "last")
         raise ValueError(f"unknown selection rule {select!r}")
     attrs, data = res.attrs, res.config.get("data", {})
     moved = (res.metrics["bytes_sent"] + res.metrics["bytes_recv"]) / 2
-    headline = {"dataset": str(attrs.get("dataset", data.get("name"))),
-                "clients": int(attrs.get("clients", res.config.get("clients"))),
-                "images_per_class": attrs.get("images_per_class", data.get("images_per_class"))}
-    return RunSummary(Path(path), Cell.of(res.config), int(attrs.get("seed", res.config.get("seed"))),
-                      res.completed_rounds, _planned(res), {m: float(curves[m][window].mean()) for m in SCORES},
-                      float(moved.mean()), curves, headline, selected)
+    headline = {
+        "dataset": str(attrs.get("dataset", data.get("name"))),
+        "clients": int(attrs.get("clients", res.config.get("clients"))),
+        "images_per_class": attrs.get("images_per_class", data.get("images_per_class")),
+    }
+    return RunSummary(
+        Path(path),
+        Cell.of(res.config),
+        int(attrs.get("seed", res.config.get("seed"))),
+        res.completed_rounds,
+        _planned(res),
+        {m: float(curves[m][window].mean()) for m in SCORES},
+        float(moved.mean()),
+        curves,
+        headline,
+        selected,
+    )
 
 
-def collect(paths: Iterable[str | Path], last: int = 1, select: str = "last",
-            include_incomplete: bool = False) -> tuple[list[RunSummary], list[str]]:
+def collect(
+    paths: Iterable[str | Path], last: int = 1, select: str = "last", include_incomplete: bool = False
+) -> tuple[list[RunSummary], list[str]]:
     """Score every file; returns (runs kept, one line per incomplete run excluded or included)."""
     kept, notes = [], []
     for path in paths:
@@ -189,8 +202,10 @@ def group(summaries: Iterable[RunSummary]) -> dict[Cell, list[RunSummary]]:
     for s in summaries:
         for other in cells[s.cell]:
             if other.seed == s.seed:
-                raise ReportError(f"{other.path} and {s.path} are the same cell with the same seed "
-                                  f"{s.seed} (the same run twice?): report only one of them")
+                raise ReportError(
+                    f"{other.path} and {s.path} are the same cell with the same seed "
+                    f"{s.seed} (the same run twice?): report only one of them"
+                )
         cells[s.cell].append(s)
     return {c: sorted(runs, key=lambda r: r.seed) for c, runs in sorted(cells.items(), key=lambda kv: kv[0].sort_key())}
 
@@ -219,8 +234,11 @@ def distinguishing(cells: Iterable[Cell], skip: tuple[str, ...] = ("algorithm.na
 
 def _label(cell: Cell, keys: list[str]) -> str:
     """The method, with the algorithm keys that set it apart, e.g. ``codistill (lambda=0.5)``."""
-    own = [f"{k.removeprefix('algorithm.')}={fmt(cell.get(k))}" for k in keys
-           if k.startswith("algorithm.") and cell.get(k) is not MISSING]
+    own = [
+        f"{k.removeprefix('algorithm.')}={fmt(cell.get(k))}"
+        for k in keys
+        if k.startswith("algorithm.") and cell.get(k) is not MISSING
+    ]
     return cell.method + (f" ({', '.join(own)})" if own else "")
 
 
@@ -238,8 +256,8 @@ def _sd(values: list[float]) -> float:
 class Setting:
     """One block of the paper's view: cells equal but for method and skew."""
 
-    name: str                                 # e.g. "toy, 2 clients, 50 images/class"
-    extra: str                                # the other keys that set this block apart, e.g. "model.name=lenet"
+    name: str  # e.g. "toy, 2 clients, 50 images/class"
+    extra: str  # the other keys that set this block apart, e.g. "model.name=lenet"
     rows: dict = field(default_factory=dict)  # method label -> {skew: runs}
 
     def title(self, metric: str) -> str:
@@ -254,8 +272,9 @@ def settings(cells: dict[Cell, list[RunSummary]]) -> list[Setting]:
         if where not in blocks:
             h = runs[0].headline
             extra = ", ".join(f"{k}={fmt(where.get(k))}" for k in setting_keys if k not in HEADLINE)
-            blocks[where] = Setting(f"{h['dataset']}, {h['clients']} clients, {h['images_per_class']} images/class",
-                                    extra)
+            blocks[where] = Setting(
+                f"{h['dataset']}, {h['clients']} clients, {h['images_per_class']} images/class", extra
+            )
     method_keys = distinguishing(cells)  # the same labels in every block, e.g. codistill (lambda=0.5)
     for where, block in blocks.items():
         here = [c for c in cells if c.drop("algorithm", "data.skew") == where]
@@ -269,9 +288,12 @@ def skew_table(cells: dict[Cell, list[RunSummary]], metric: str = "minority_acc"
     out = []
     for block in settings(cells):
         skews = sorted({s for row in block.rows.values() for s in row}, key=_order)
-        lines = [f"{block.title(metric)} (mean ± sd over seeds)", "",
-                 "| method | " + " | ".join(f"s={fmt(s)}" for s in skews) + " | sd across skews |",
-                 "|" + "---|" * (len(skews) + 2)]
+        lines = [
+            f"{block.title(metric)} (mean ± sd over seeds)",
+            "",
+            "| method | " + " | ".join(f"s={fmt(s)}" for s in skews) + " | sd across skews |",
+            "|" + "---|" * (len(skews) + 2),
+        ]
         for label, row in block.rows.items():
             means = [float(np.mean([r.scores[metric] for r in row[s]])) for s in skews if s in row]
             cols = [mean_sd([r.scores[metric] for r in row[s]]) if s in row else MISSING for s in skews]
@@ -286,17 +308,34 @@ def cell_rows(cells: dict[Cell, list[RunSummary]]) -> tuple[list[str], list[list
     resolved them, clients, skew, the other distinguishing keys, seeds, mean and sd of each score,
     bytes per round per rank."""
     keys = ["clients", "data.skew", *(k for k in distinguishing(cells) if k not in ("clients", "data.skew"))]
-    header = ["method", "dataset", "images_per_class", *keys, "seeds", "seed_values",
-              *(f"{m}_{s}" for m in SCORES for s in ("mean", "sd")), "bytes_per_round_rank"]
+    header = [
+        "method",
+        "dataset",
+        "images_per_class",
+        *keys,
+        "seeds",
+        "seed_values",
+        *(f"{m}_{s}" for m in SCORES for s in ("mean", "sd")),
+        "bytes_per_round_rank",
+    ]
     rows = []
     for cell, runs in cells.items():
         stats = []
         for m in SCORES:
             values = [r.scores[m] for r in runs]
             stats += [float(np.mean(values)), _sd(values) if len(values) > 1 else None]
-        rows.append([cell.method, runs[0].headline["dataset"], runs[0].headline["images_per_class"],
-                     *(cell.get(k) for k in keys), len(runs), " ".join(str(r.seed) for r in runs), *stats,
-                     float(np.mean([r.bytes_per_round for r in runs]))])
+        rows.append(
+            [
+                cell.method,
+                runs[0].headline["dataset"],
+                runs[0].headline["images_per_class"],
+                *(cell.get(k) for k in keys),
+                len(runs),
+                " ".join(str(r.seed) for r in runs),
+                *stats,
+                float(np.mean([r.bytes_per_round for r in runs])),
+            ]
+        )
     return header, rows
 
 
@@ -306,9 +345,13 @@ def cell_table(cells: dict[Cell, list[RunSummary]]) -> str:
     header = ["method", *keys, "seeds", *SCORES, "bytes/round/rank"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for cell, runs in cells.items():
-        row = [cell.method, *(fmt(cell.get(k)) for k in keys), str(len(runs)),
-               *(mean_sd([r.scores[m] for r in runs]) for m in SCORES),
-               f"{np.mean([r.bytes_per_round for r in runs]):,.0f}"]
+        row = [
+            cell.method,
+            *(fmt(cell.get(k)) for k in keys),
+            str(len(runs)),
+            *(mean_sd([r.scores[m] for r in runs]) for m in SCORES),
+            f"{np.mean([r.bytes_per_round for r in runs]):,.0f}",
+        ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -321,11 +364,13 @@ def write_csv(cells: dict[Cell, list[RunSummary]], path: str | Path) -> None:
         out = csv.writer(f)
         out.writerow(header)
         for row in rows:
-            out.writerow(["" if v is None or v is MISSING else v if isinstance(v, (int, float)) else fmt(v)
-                          for v in row])
+            out.writerow(
+                ["" if v is None or v is MISSING else v if isinstance(v, (int, float)) else fmt(v) for v in row]
+            )
 
 
 # --------------------------------------------------------------------------- paired comparison
+
 
 def _t_central(t: float, df: int) -> float:
     """P(|T| < t) for Student's t with integer df, in closed form (Abramowitz & Stegun 26.7.3-4)."""
@@ -361,10 +406,10 @@ def t_quantile(p: float, df: int) -> float:
 
 @dataclass
 class Paired:
-    method: str                 # label of the compared cell
-    reference: str              # label of the reference cell, or METHOD if none matched
+    method: str  # label of the compared cell
+    reference: str  # label of the reference cell, or METHOD if none matched
     cell: Cell
-    diffs: list[float]          # method - reference, per shared seed
+    diffs: list[float]  # method - reference, per shared seed
     interval: tuple[float, float] | None
 
     @property
@@ -406,20 +451,26 @@ def versus(cells: dict[Cell, list[RunSummary]], reference: str, metric: str = "m
 def versus_table(cells: dict[Cell, list[RunSummary]], reference: str, metric: str = "minority_acc") -> str:
     pairs = versus(cells, reference, metric)
     keys = [k for k in distinguishing(cells) if not k.startswith("algorithm.")]
-    lines = [f"{metric}: each method minus {reference} on the same seeds (mean difference, 95% t-interval "
-             f"over the paired seeds; wins / ties / loses: interval above / containing / below 0)", "",
-             "| method | versus | " + "".join(f"{k} | " for k in keys)
-             + f"pairs | Δ {metric} | 95% interval | verdict |",
-             "|" + "---|" * (len(keys) + 6)]
+    lines = [
+        f"{metric}: each method minus {reference} on the same seeds (mean difference, 95% t-interval "
+        f"over the paired seeds; wins / ties / loses: interval above / containing / below 0)",
+        "",
+        "| method | versus | " + "".join(f"{k} | " for k in keys) + f"pairs | Δ {metric} | 95% interval | verdict |",
+        "|" + "---|" * (len(keys) + 6),
+    ]
     for p in pairs:
         ci = f"[{p.interval[0]:+.3f}, {p.interval[1]:+.3f}]" if p.interval else MISSING
         mean = f"{p.mean:+.3f}" if p.mean is not None else MISSING
-        lines.append(f"| {p.method} | {p.reference} | " + "".join(f"{fmt(p.cell.get(k))} | " for k in keys)
-                     + f"{len(p.diffs)} | {mean} | {ci} | {p.verdict} |")
+        lines.append(
+            f"| {p.method} | {p.reference} | "
+            + "".join(f"{fmt(p.cell.get(k))} | " for k in keys)
+            + f"{len(p.diffs)} | {mean} | {ci} | {p.verdict} |"
+        )
     return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- plots
+
 
 def _pyplot():
     try:
@@ -428,6 +479,7 @@ def _pyplot():
         raise SystemExit("mpicd report's plots need matplotlib: pip install 'mpicd[report]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -443,7 +495,7 @@ def _panels(plt, blocks: list[Setting], ylabel: str):
 
 def _band(ax, x, mean: np.ndarray, sd: np.ndarray, label: str) -> None:
     """A mean line with a shaded ±sd band in the line's colour."""
-    line, = ax.plot(x, mean, marker="o" if len(x) < 20 else None, label=label)
+    (line,) = ax.plot(x, mean, marker="o" if len(x) < 20 else None, label=label)
     ax.fill_between(x, mean - sd, mean + sd, color=line.get_color(), alpha=0.2)
 
 
@@ -480,7 +532,7 @@ def plot_rounds(cells: dict[Cell, list[RunSummary]], path: str | Path, metric: s
                 curves = [r.curves[metric] for r in row[s]]
                 table = np.full((len(curves), max(map(len, curves))), np.nan)
                 for i, c in enumerate(curves):
-                    table[i, :len(c)] = c
+                    table[i, : len(c)] = c
                 mean = np.nanmean(table, axis=0)
                 sd = np.array([_sd(list(col[~np.isnan(col)])) for col in table.T])
                 x = np.arange(1, table.shape[1] + 1)
@@ -513,19 +565,28 @@ def plot_bytes(cells: dict[Cell, list[RunSummary]], path: str | Path) -> None:
 
 # --------------------------------------------------------------------------- text
 
+
 def rule(select: str, last: int) -> str:
     if select == "best-val":
-        return ("score = mean over clients of each test metric at the round with the highest validation "
-                "minority accuracy (mean over clients; ties -> the earliest round)")
+        return (
+            "score = mean over clients of each test metric at the round with the highest validation "
+            "minority accuracy (mean over clients; ties -> the earliest round)"
+        )
     return f"score = mean over clients of each test metric, averaged over the last {last} completed round(s)"
 
 
-def render(cells: dict[Cell, list[RunSummary]], last: int = 1, select: str = "last", notes: Iterable[str] = (),
-           versus_method: str | None = None) -> str:
+def render(
+    cells: dict[Cell, list[RunSummary]],
+    last: int = 1,
+    select: str = "last",
+    notes: Iterable[str] = (),
+    versus_method: str | None = None,
+) -> str:
     runs = [r for v in cells.values() for r in v]
     rounds = sorted({r.rounds for r in runs})
-    head = [f"{len(runs)} runs in {len(cells)} cells; {rule(select, last)}; "
-            f"rounds per run: {', '.join(map(str, rounds))}"]
+    head = [
+        f"{len(runs)} runs in {len(cells)} cells; {rule(select, last)}; rounds per run: {', '.join(map(str, rounds))}"
+    ]
     chosen = [r.selected_round + 1 for r in runs if r.selected_round is not None]
     if chosen:
         head.append(f"rounds chosen on validation: {min(chosen)}..{max(chosen)} (median {np.median(chosen):g})")

@@ -56,20 +56,19 @@ if TYPE_CHECKING:  # reading a file needs no MPI: only the writer is handed a Co
     from .comm import Comm
 
 
-
 @dataclass
 class RoundRow:
     """What one rank measured in one round (``val``: None when the dataset has no validation split)."""
 
-    loss: Any            # client.EpochLoss: total, ce, extra
-    test: Any            # client.Scores on the test split
-    val: Any             # client.Scores on the validation split, or None
+    loss: Any  # client.EpochLoss: total, ce, extra
+    test: Any  # client.Scores on the test split
+    val: Any  # client.Scores on the validation split, or None
     traffic: Traffic
     compute_seconds: float
     teacher: int
-    train_seconds: float = float("nan")   # the algorithm's hooks and local epochs, minus comm_seconds
-    eval_seconds: float = float("nan")    # evaluation on the test and validation splits
-    skipped: int = 0                      # 1: this client's update was dropped (on_nonfinite: skip)
+    train_seconds: float = float("nan")  # the algorithm's hooks and local epochs, minus comm_seconds
+    eval_seconds: float = float("nan")  # evaluation on the test and validation splits
+    skipped: int = 0  # 1: this client's update was dropped (on_nonfinite: skip)
 
 
 @dataclass(frozen=True)
@@ -88,6 +87,7 @@ def _score(split: str, name: str, width: int | None = None) -> Callable[[RoundRo
         if scores is None:
             return np.full(width, np.nan) if width else np.nan
         return getattr(scores, name)
+
     return get
 
 
@@ -128,7 +128,7 @@ def unpack(vector: np.ndarray, cols: list[Column]) -> list[np.ndarray]:
     out, at = [], 0
     for col in cols:
         n = int(np.prod(col.shape)) if col.shape else 1
-        part = vector[at: at + n].astype(col.dtype)
+        part = vector[at : at + n].astype(col.dtype)
         out.append(part.reshape(col.shape) if col.shape else part[0])
         at += n
     return out
@@ -140,9 +140,21 @@ PLACEMENT_STRINGS = {"host": 64, "device": 16}
 class ResultsWriter:
     """Create (or, resuming, reopen) the file collectively, then ``write_round`` once per round."""
 
-    def __init__(self, path: str | Path, comm: Comm, *, rounds: int, num_classes: int, attrs: dict,
-                 train_counts: np.ndarray, test_counts: np.ndarray, expertise: np.ndarray,
-                 placement: dict, parallel: bool | None = None, resume_at: int | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        comm: Comm,
+        *,
+        rounds: int,
+        num_classes: int,
+        attrs: dict,
+        train_counts: np.ndarray,
+        test_counts: np.ndarray,
+        expertise: np.ndarray,
+        placement: dict,
+        parallel: bool | None = None,
+        resume_at: int | None = None,
+    ):
         self.comm = comm
         self.cols = columns(num_classes)
         self._pending_write: tuple[int, float] | None = None  # (round, seconds) of the last write
@@ -150,8 +162,7 @@ class ResultsWriter:
         self.parallel = h5py.get_config().mpi if parallel is None else parallel
         if not self.parallel and comm.rank == 0:
             why = "serial writer requested" if h5py.get_config().mpi else "h5py has no MPI support"
-            warnings.warn(f"{why}: rank 0 gathers the results and writes them serially",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(f"{why}: rank 0 gathers the results and writes them serially", RuntimeWarning, stacklevel=2)
         path = Path(path)
         self.file = None
         self.writer = "mpio" if self.parallel else "serial"
@@ -175,9 +186,16 @@ class ResultsWriter:
             self.file.attrs.modify("completed_rounds", resume_at)
             self.file.attrs["resumed_at"] = [*self.file.attrs.get("resumed_at", []), resume_at]
         for key in ("host", "local_rank", "device", "threads"):
-            self._put(f"placement/{key}", (), {
-                rank: np.bytes_(str(row[key]).encode()[:PLACEMENT_STRINGS[key]]) if key in PLACEMENT_STRINGS
-                else row[key] for rank, row in rows.items()})
+            self._put(
+                f"placement/{key}",
+                (),
+                {
+                    rank: np.bytes_(str(row[key]).encode()[: PLACEMENT_STRINGS[key]])
+                    if key in PLACEMENT_STRINGS
+                    else row[key]
+                    for rank, row in rows.items()
+                },
+            )
         self.file.flush()
 
     def _gather(self, mine: dict) -> dict[int, dict]:
@@ -189,14 +207,14 @@ class ResultsWriter:
         at = 0
         for key, n in PLACEMENT_STRINGS.items():
             raw = str(mine[key]).encode()[:n]
-            text[at: at + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+            text[at : at + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
             at += n
         text[width:] = [mine["local_rank"], mine["threads"]]
         rows = {}
         for rank, vec in enumerate(self.comm.allgather(text)):
             row, at = {}, 0
             for key, n in PLACEMENT_STRINGS.items():
-                row[key] = bytes(vec[at: at + n].astype(np.uint8)).rstrip(b"\0").decode()
+                row[key] = bytes(vec[at : at + n].astype(np.uint8)).rstrip(b"\0").decode()
                 at += n
             row["local_rank"], row["threads"] = int(vec[width]), int(vec[width + 1])
             rows[rank] = row
@@ -314,8 +332,11 @@ def check_output_location(path: str | Path, need_bytes: int) -> None:
         raise ConfigError("output", f"cannot write in {str(folder)!r}: {err.strerror or err}") from None
     free = shutil.disk_usage(folder).free
     if free < need_bytes:
-        raise ConfigError("output", f"{str(folder)!r} has {free / 2**20:.1f} MiB free; this run needs about "
-                                    f"{need_bytes / 2**20:.1f} MiB (results file and checkpoints)")
+        raise ConfigError(
+            "output",
+            f"{str(folder)!r} has {free / 2**20:.1f} MiB free; this run needs about "
+            f"{need_bytes / 2**20:.1f} MiB (results file and checkpoints)",
+        )
 
 
 def estimated_bytes(rounds: int, clients: int, num_classes: int, parameters: int, checkpoints: bool) -> int:
@@ -341,8 +362,7 @@ class Results:
     A missing, truncated, foreign or damaged file raises :class:`ResultsFileError`.
     """
 
-    REQUIRED = ("metrics", "comm/bytes_sent", "comm/bytes_recv", "comm/teacher", "comm/outside_rounds",
-                "partition")
+    REQUIRED = ("metrics", "comm/bytes_sent", "comm/bytes_recv", "comm/teacher", "comm/outside_rounds", "partition")
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -355,23 +375,26 @@ class Results:
         except OSError as err:  # h5py: not HDF5 (no signature), truncated (eof < stored eof), damaged
             raise ResultsFileError(f"{self.path}: not a readable HDF5 file ({_one_line(err)})") from None
         except Exception as err:  # noqa: BLE001 - a foreign layout fails in many ways; name the file
-            raise ResultsFileError(f"{self.path}: not an mpicd results file ({type(err).__name__}: "
-                                   f"{_one_line(err)})") from None
+            raise ResultsFileError(
+                f"{self.path}: not an mpicd results file ({type(err).__name__}: {_one_line(err)})"
+            ) from None
 
     def _read(self) -> None:
         import yaml
 
         with h5py.File(self.path, "r") as f:
-            absent = ([f"attribute {a!r}" for a in ("completed_rounds", "config") if a not in f.attrs]
-                      + [f"/{name}" for name in self.REQUIRED if name not in f])
+            absent = [f"attribute {a!r}" for a in ("completed_rounds", "config") if a not in f.attrs] + [
+                f"/{name}" for name in self.REQUIRED if name not in f
+            ]
             if absent:
                 raise ResultsFileError(f"{self.path}: not an mpicd results file (no {', '.join(absent)})")
             self.attrs = {k: _text(v) for k, v in f.attrs.items()}
             self.completed_rounds = int(self.attrs["completed_rounds"])
             rows = min((f["metrics"][name].shape[0] for name in f["metrics"]), default=0)
             if not 0 <= self.completed_rounds <= rows:
-                raise ResultsFileError(f"{self.path}: completed_rounds is {self.completed_rounds}, but /metrics "
-                                       f"holds {rows} rounds")
+                raise ResultsFileError(
+                    f"{self.path}: completed_rounds is {self.completed_rounds}, but /metrics holds {rows} rounds"
+                )
             done = slice(0, self.completed_rounds)
             self.metrics = {name: f["metrics"][name][done] for name in f["metrics"]}
             self.kinds = tuple(_text(k) for k in f["comm/bytes_sent"].attrs["kinds"])
@@ -380,16 +403,21 @@ class Results:
             self.teacher = f["comm/teacher"][done]
             self.outside_rounds = f["comm/outside_rounds"][()]
             self.partition = {name: f["partition"][name][()] for name in f["partition"]}
-            self.placement = ({name: [_text(v) for v in f["placement"][name][()]] for name in f["placement"]}
-                              if "placement" in f else {})
+            self.placement = (
+                {name: [_text(v) for v in f["placement"][name][()]] for name in f["placement"]}
+                if "placement" in f
+                else {}
+            )
         try:
             self.config = yaml.safe_load(self.attrs["config"])
         except Exception as err:  # noqa: BLE001 - YAMLError, or a constructor's ValueError...
             raise ResultsFileError(f"{self.path}: the attribute config is not YAML ({_one_line(err)})") from None
 
     def __repr__(self) -> str:
-        return (f"Results({str(self.path)!r}, algorithm={self.attrs.get('algorithm')!r}, "
-                f"clients={self.attrs.get('clients')}, completed_rounds={self.completed_rounds})")
+        return (
+            f"Results({str(self.path)!r}, algorithm={self.attrs.get('algorithm')!r}, "
+            f"clients={self.attrs.get('clients')}, completed_rounds={self.completed_rounds})"
+        )
 
     def to_frame(self):
         """The metrics as a tidy pandas DataFrame, for notebooks: columns algorithm, seed, round
@@ -403,12 +431,23 @@ class Results:
             raise ImportError("Results.to_frame needs pandas: pip install 'mpicd[report]'") from None
         parts = []
         for name, values in self.metrics.items():
-            per_metric = {name: values} if values.ndim == 2 else {
-                f"{name}[{c}]": values[:, :, c] for c in range(values.shape[2])}
+            per_metric = (
+                {name: values}
+                if values.ndim == 2
+                else {f"{name}[{c}]": values[:, :, c] for c in range(values.shape[2])}
+            )
             for metric, array in per_metric.items():
                 rounds, clients = np.indices(array.shape)
-                parts.append(pd.DataFrame({"round": rounds.ravel() + 1, "client": clients.ravel(), "metric": metric,
-                                           "value": array.ravel().astype(np.float64)}))
+                parts.append(
+                    pd.DataFrame(
+                        {
+                            "round": rounds.ravel() + 1,
+                            "client": clients.ravel(),
+                            "metric": metric,
+                            "value": array.ravel().astype(np.float64),
+                        }
+                    )
+                )
         frame = pd.concat(parts, ignore_index=True)
         frame.insert(0, "seed", self.config.get("seed"))
         frame.insert(0, "algorithm", self.attrs.get("algorithm"))

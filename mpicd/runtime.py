@@ -24,8 +24,8 @@ class Placement:
     size: int
     local_rank: int
     local_size: int
-    device: str        # "cpu" or "cuda:<i>"
-    threads: int       # torch intra-op threads on CPU
+    device: str  # "cpu" or "cuda:<i>"
+    threads: int  # torch intra-op threads on CPU
 
 
 def local_rank_and_size(comm: MPI.Comm) -> tuple[int, int]:
@@ -42,8 +42,11 @@ def choose_device(requested: str, local_rank: int, gpu_count: int) -> str:
     if requested == "cpu" or (requested == "auto" and gpu_count == 0):
         return "cpu"
     if gpu_count == 0:
-        raise ConfigError("device", "cuda was requested but no GPU is visible "
-                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+        raise ConfigError(
+            "device",
+            "cuda was requested but no GPU is visible "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})",
+        )
     return f"cuda:{local_rank % gpu_count}"
 
 

@@ -33,18 +33,18 @@ import operator
 import numpy as np
 
 # Purposes of the random streams (the key each call site uses in brackets).
-INIT = 1            # the common initial model (), torch
-SHUFFLE = 2         # a client's minibatch order (rank, round, epoch), torch
-K_SUBSET = 3        # co-distillation: a teacher's k images of a class (rank, round, class)
-TEACHERS = 4        # co-distillation: the round's shared teacher assignment (round,)
-PARTITION = 5       # who holds which training image ()
+INIT = 1  # the common initial model (), torch
+SHUFFLE = 2  # a client's minibatch order (rank, round, epoch), torch
+K_SUBSET = 3  # co-distillation: a teacher's k images of a class (rank, round, class)
+TEACHERS = 4  # co-distillation: the round's shared teacher assignment (round,)
+PARTITION = 5  # who holds which training image ()
 BATCH_TEACHERS = 6  # co-distillation, teacher_per batch: a client's per-minibatch teachers (round, rank)
-HOLDOUT = 7         # a stratified held-out test split (), seeded by split_seed
-VAL = 8             # a stratified validation split (), seeded by split_seed
+HOLDOUT = 7  # a stratified held-out test split (), seeded by split_seed
+VAL = 8  # a stratified validation split (), seeded by split_seed
 PURPOSES = frozenset({INIT, SHUFFLE, K_SUBSET, TEACHERS, PARTITION, BATCH_TEACHERS, HOLDOUT, VAL})
 
 KEY_WORDS = 3
-_WORD = 2 ** 32
+_WORD = 2**32
 
 
 def entropy(seed: int, purpose: int, *key: int) -> list[int]:

@@ -68,7 +68,9 @@ def load_sweep(path: str | Path) -> list[SweepRun]:
         except ConfigError as err:
             raise ConfigError(err.key, f"run {index} of {path} ({' '.join(overrides)}): {err}") from None
         name = "_".join(_label(k, v) for k, v in zip(keys, values))
-        runs.append(SweepRun(index, base, overrides, config.clients, config.rounds, output_dir / f"{index:04d}_{name}.h5"))
+        runs.append(
+            SweepRun(index, base, overrides, config.clients, config.rounds, output_dir / f"{index:04d}_{name}.h5")
+        )
     return runs
 
 
@@ -84,8 +86,7 @@ def progress(finished: int, failed: int, total: int, elapsed: float, run_seconds
     Time left = the mean time of the runs ended so far x the runs not ended / the runs going at once.
     """
     ended = finished + failed
-    left = (f"about {duration(run_seconds / ended * (total - ended) / parallel)} left" if ended
-            else "time left unknown")
+    left = f"about {duration(run_seconds / ended * (total - ended) / parallel)} left" if ended else "time left unknown"
     return f"{finished} of {total} finished, {failed} failed; {duration(elapsed)} elapsed, {left}"
 
 

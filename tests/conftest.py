@@ -18,8 +18,12 @@ PNEUMONIA = ROOT.parent / "shared" / "data" / "pneumoniamnist.npz"
 
 def mpi_env() -> dict:
     env = dict(os.environ)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", PYTHONUNBUFFERED="1")
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_rmaps_base_oversubscribe="1",
+        PYTHONUNBUFFERED="1",
+    )
     return env
 
 
@@ -29,8 +33,10 @@ def mpiexec(n: int, *args: str, timeout: float = 240, cwd: Path = ROOT) -> subpr
     try:
         return subprocess.run(command, cwd=cwd, env=mpi_env(), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as err:
-        pytest.fail(f"mpiexec -n {n} {' '.join(args)} did not finish within {timeout} s (hang?)\n"
-                    f"stdout: {err.stdout}\nstderr: {err.stderr}")
+        pytest.fail(
+            f"mpiexec -n {n} {' '.join(args)} did not finish within {timeout} s (hang?)\n"
+            f"stdout: {err.stdout}\nstderr: {err.stderr}"
+        )
 
 
 def mpicd_run(n: int, config: Path, out: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -42,8 +48,9 @@ def mpicd_run(n: int, config: Path, out: Path, *overrides: str, timeout: float =
 
 def mpicd_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -m mpicd ARGS`` without MPI (for check)."""
-    return subprocess.run([sys.executable, "-m", "mpicd", *args], cwd=ROOT, env=mpi_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "mpicd", *args], cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def require_pneumonia() -> Path:
@@ -80,8 +87,13 @@ def slurm(request, tmp_path_factory):
     from slurm_cluster import SlurmCluster, missing_binaries
 
     missing = missing_binaries()
-    reason = (f"Slurm is not installed (no {', '.join(missing)}): bash jobs/setup.sh installs it, as root" if missing
-              else "" if os.getuid() == 0 else "the test Slurm runs slurmd, which needs root")
+    reason = (
+        f"Slurm is not installed (no {', '.join(missing)}): bash jobs/setup.sh installs it, as root"
+        if missing
+        else ""
+        if os.getuid() == 0
+        else "the test Slurm runs slurmd, which needs root"
+    )
     if reason:
         request.config.pluginmanager.get_plugin("terminalreporter").write_line(f"SKIPPED slurm tests: {reason}")
         pytest.skip(reason)

@@ -8,8 +8,9 @@ import numpy as np
 from PIL import Image
 
 
-def write_medmnist(path: Path, labels: dict[str, list[int]], size: int = 8, rgb: bool = False,
-                   drop: str | None = None) -> dict[str, np.ndarray]:
+def write_medmnist(
+    path: Path, labels: dict[str, list[int]], size: int = 8, rgb: bool = False, drop: str | None = None
+) -> dict[str, np.ndarray]:
     """An .npz like the official MedMNIST files: uint8 images (n, H, W[, 3]), uint8 labels (n, 1).
 
     Returns the arrays written; ``drop`` leaves one key out.

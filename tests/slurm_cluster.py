@@ -93,11 +93,17 @@ class SlurmCluster:
     def start(self, timeout: float = 60) -> "SlurmCluster":
         try:
             self._write_files()
-            self._spawn("munged", "munged", "--foreground", "--force", f"--socket={self.munge_socket}",
-                        f"--key-file={self.root / 'munge' / 'munge.key'}",
-                        f"--pid-file={self.root / 'munge' / 'munged.pid'}",
-                        f"--log-file={self.root / 'munge' / 'munged.log'}",
-                        f"--seed-file={self.root / 'munge' / 'munged.seed'}")
+            self._spawn(
+                "munged",
+                "munged",
+                "--foreground",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={self.root / 'munge' / 'munge.key'}",
+                f"--pid-file={self.root / 'munge' / 'munged.pid'}",
+                f"--log-file={self.root / 'munge' / 'munged.log'}",
+                f"--seed-file={self.root / 'munge' / 'munged.seed'}",
+            )
             self._wait(lambda: self.munge_socket.exists(), timeout, "munged did not create its socket")
             self._spawn("slurmctld", "slurmctld", "-D", "-i", "-f", str(self.conf))
             self._spawn("slurmd", "slurmd", "-D", "-N", "localhost", "-f", str(self.conf))
@@ -123,8 +129,12 @@ class SlurmCluster:
     def logs(self) -> str:
         """The tail of every daemon log, for a failure message."""
         parts = []
-        for path in (self.root / "munge" / "munged.log", self.root / "slurmctld.log", self.root / "slurmd.log",
-                     *sorted(self.root.glob("*.stderr"))):
+        for path in (
+            self.root / "munge" / "munged.log",
+            self.root / "slurmctld.log",
+            self.root / "slurmd.log",
+            *sorted(self.root.glob("*.stderr")),
+        ):
             if path.is_file():
                 parts.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-40:]))
         return "\n".join(parts)
@@ -141,14 +151,27 @@ class SlurmCluster:
             raise RuntimeError(f"munge socket path too long for a UNIX socket: {self.munge_socket}")
         import pwd
 
-        self.conf.write_text(SLURM_CONF.format(
-            user=pwd.getpwuid(os.getuid()).pw_name, ctld_port=_free_port(), slurmd_port=_free_port(),
-            munge_socket=self.munge_socket, root=self.root, cpus=self.cpus))
+        self.conf.write_text(
+            SLURM_CONF.format(
+                user=pwd.getpwuid(os.getuid()).pw_name,
+                ctld_port=_free_port(),
+                slurmd_port=_free_port(),
+                munge_socket=self.munge_socket,
+                root=self.root,
+                cpus=self.cpus,
+            )
+        )
 
     def _spawn(self, name: str, *command: str) -> None:
         with open(self.root / f"{name}.stderr", "wb") as err:
-            self.daemons[name] = subprocess.Popen(command, env=self.env, stdin=subprocess.DEVNULL,
-                                                  stdout=err, stderr=subprocess.STDOUT, start_new_session=True)
+            self.daemons[name] = subprocess.Popen(
+                command,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def _node_idle(self) -> bool:
         for name, proc in self.daemons.items():
@@ -166,6 +189,7 @@ class SlurmCluster:
 
 
 if __name__ == "__main__":
+
     def _exit(signum, frame):
         raise SystemExit(0)
 

@@ -96,8 +96,16 @@ def test_resolved_hyper_parameters_are_in_the_results_file(baselines):
     assert config["fedavg"] == {"name": "fedavg"}
     assert config["fedproto"] == {"name": "fedproto", "lambda": 1.0, "weighting": "samples", "predict": "head"}
     assert config["feddistill"] == {"name": "feddistill", "lambda": 1.0, "exclude_self": True}
-    assert config["fedamp"] == {"name": "fedamp", "lambda": 0.1, "sigma": 1e-4, "alpha": "auto",
-                                "similarity": "gaussian", "self_weight": 0.5, "cosine_scale": 10.0, "exchange": "allgather"}
+    assert config["fedamp"] == {
+        "name": "fedamp",
+        "lambda": 0.1,
+        "sigma": 1e-4,
+        "alpha": "auto",
+        "similarity": "gaussian",
+        "self_weight": 0.5,
+        "cosine_scale": 10.0,
+        "exchange": "allgather",
+    }
     assert config["centralized"] == {"name": "centralized"}
 
 
@@ -108,19 +116,22 @@ def test_registry_has_every_algorithm():
         assert len(sys.modules[cls.__module__].__doc__ or "") > 40, f"{name}: say what it sends and why"
 
 
-@pytest.mark.parametrize("override, key", [
-    ("algorithm={name: fedproto, lambda: -1}", "algorithm.lambda"),
-    ("algorithm={name: fedproto, predict: knn}", "algorithm.predict"),
-    ("algorithm={name: feddistill, exclude_self: 1}", "algorithm.exclude_self"),
-    ("algorithm={name: feddistill, temperature: 2}", "algorithm.temperature"),
-    ("algorithm={name: fedamp, sigma: 0}", "algorithm.sigma"),
-    ("algorithm={name: fedamp, alpha: -1}", "algorithm.alpha"),
-    ("algorithm={name: fedamp, alpha: 1.0e-4}", "algorithm.alpha"),  # > sigma / (clients - 1): xi_ii < 0
-    ("algorithm={name: fedamp, self_weight: 1.5}", "algorithm.self_weight"),
-    ("algorithm={name: fedamp, similarity: dot}", "algorithm.similarity"),
-    ("algorithm={name: fedavg, lambda: 1}", "algorithm.lambda"),
-    ("algorithm={name: centralized, k: 3}", "algorithm.k"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("algorithm={name: fedproto, lambda: -1}", "algorithm.lambda"),
+        ("algorithm={name: fedproto, predict: knn}", "algorithm.predict"),
+        ("algorithm={name: feddistill, exclude_self: 1}", "algorithm.exclude_self"),
+        ("algorithm={name: feddistill, temperature: 2}", "algorithm.temperature"),
+        ("algorithm={name: fedamp, sigma: 0}", "algorithm.sigma"),
+        ("algorithm={name: fedamp, alpha: -1}", "algorithm.alpha"),
+        ("algorithm={name: fedamp, alpha: 1.0e-4}", "algorithm.alpha"),  # > sigma / (clients - 1): xi_ii < 0
+        ("algorithm={name: fedamp, self_weight: 1.5}", "algorithm.self_weight"),
+        ("algorithm={name: fedamp, similarity: dot}", "algorithm.similarity"),
+        ("algorithm={name: fedavg, lambda: 1}", "algorithm.lambda"),
+        ("algorithm={name: centralized, k: 3}", "algorithm.k"),
+    ],
+)
 def test_bad_hyper_parameters_are_rejected_naming_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         prepare(load_config(QUICKSTART, [override]))

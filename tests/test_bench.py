@@ -26,8 +26,10 @@ RESNET_B = 2 * (64 + 4 * 64 + 4 * 128 + 128 + 4 * 256 + 256 + 4 * 512 + 512)
 
 def finite_positive(stat: dict) -> bool:
     keys = ("min", "median", "max")
-    return all(isinstance(stat[k], float) and math.isfinite(stat[k]) and stat[k] > 0 for k in keys) \
+    return (
+        all(isinstance(stat[k], float) and math.isfinite(stat[k]) and stat[k] > 0 for k in keys)
         and stat["min"] <= stat["median"] <= stat["max"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +37,14 @@ def quick(tmp_path_factory):
     require_pneumonia()
     out = tmp_path_factory.mktemp("bench") / "bench.json"
     try:
-        done = subprocess.run([sys.executable, "-m", "mpicd", "bench", "--quick", "--json", str(out)], cwd=ROOT,
-                              env=mpi_env(), capture_output=True, text=True, timeout=900)
+        done = subprocess.run(
+            [sys.executable, "-m", "mpicd", "bench", "--quick", "--json", str(out)],
+            cwd=ROOT,
+            env=mpi_env(),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     except subprocess.TimeoutExpired as err:
         pytest.fail(f"mpicd bench --quick did not finish within 900 s\n{err.stdout}\n{err.stderr}")
     assert done.returncode == 0, f"mpicd bench --quick failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
@@ -73,7 +81,7 @@ def test_quick_bench_writes_every_key_with_sane_values(quick):
     phases = sum(st["median"] for name, st in s["phases"].items() if name != "model_build")
     assert phases + s["phases"]["model_build"]["median"] == pytest.approx(s["total"]["median"])
     net = r["network"]
-    assert net["sizes"] == [8, 2 ** 20] and net["ranks"] == 2
+    assert net["sizes"] == [8, 2**20] and net["ranks"] == 2
     for name in ("pingpong", "allreduce"):
         assert all(finite_positive(st) for st in net[name]["seconds"])
         assert math.isfinite(net[name]["latency_seconds"]) and net[name]["latency_seconds"] >= 0
@@ -106,8 +114,9 @@ def test_projection_follows_its_stated_formulas(quick):
             codistill = model["algorithms"]["codistill"]["comm_seconds"][i] - progress - a
             assert 1 <= codistill / (4 * D / b) < n  # the busiest teacher serves between 1 and N-1 students
             for alg in model["algorithms"].values():
-                assert alg["round_seconds"][i] == pytest.approx(model["compute_seconds"] + alg["comm_seconds"][i]
-                                                                 + write)
+                assert alg["round_seconds"][i] == pytest.approx(
+                    model["compute_seconds"] + alg["comm_seconds"][i] + write
+                )
         assert model["fedamp_gathered_bytes"] == [4 * n * P for n in pr["ranks"]]
     for check in pr["check_at_measured_ranks"].values():  # the model at the measured rank count
         assert check["ranks"] == 2 and check["modelled_comm_seconds"] >= 0 and check["measured_comm_seconds"] >= 0
@@ -136,10 +145,18 @@ def test_busiest_teacher_is_the_largest_student_count():
     assert busiest_teacher(2) == 1  # two clients teach each other
 
 
-@pytest.mark.parametrize("args, named", [(["--ranks", "1"], "--ranks"), (["--rounds", "1"], "--rounds"),
-                                         (["--repeats", "0"], "--repeats"), (["--config", "/nope.yaml"], "--config"),
-                                         (["--data", "/nope.npz"], "--data"), (["--threads", "0"], "--threads"),
-                                         (["--quick", "rounds=1"], "usage")])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--ranks", "1"], "--ranks"),
+        (["--rounds", "1"], "--rounds"),
+        (["--repeats", "0"], "--repeats"),
+        (["--config", "/nope.yaml"], "--config"),
+        (["--data", "/nope.npz"], "--data"),
+        (["--threads", "0"], "--threads"),
+        (["--quick", "rounds=1"], "usage"),
+    ],
+)
 def test_bad_options_exit_2_naming_the_option(args, named):
     result = mpicd_cli("bench", *args)
     assert result.returncode == 2 and named in result.stderr, result.stderr

@@ -29,8 +29,14 @@ sys.meta_path.insert(0, Block())
 
 
 def python(code: str, *blocked: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BLOCK.format(blocked=set(blocked)) + code], cwd=ROOT,
-                          env=mpi_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", BLOCK.format(blocked=set(blocked)) + code],
+        cwd=ROOT,
+        env=mpi_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_version():
@@ -40,14 +46,16 @@ def test_version():
 
 # --------------------------------------------------------------------------- mpicd config
 
+
 def test_config_prints_the_defaults_as_a_loadable_commented_yaml(tmp_path):
     result = mpicd_cli("config")
     assert result.returncode == 0, result.stderr
     path = tmp_path / "defaults.yaml"
     path.write_text(result.stdout)
     cfg = load_config(path)
-    assert cfg == Config(algorithm={"name": "codistill", "lambda": 1.0, "k": "all", "teacher_per": "round",
-                                    "classes": "expertise"})
+    assert cfg == Config(
+        algorithm={"name": "codistill", "lambda": 1.0, "k": "all", "teacher_per": "round", "classes": "expertise"}
+    )
     assert resolve(cfg.algorithm)[1] == resolve({"name": "codistill"})[1]
     lines = {line.split(":")[0].strip(): line for line in result.stdout.splitlines() if not line.startswith("#")}
     assert re.fullmatch(r"  lr: 0\.001 +# number > 0; learning rate", lines["lr"])
@@ -62,8 +70,15 @@ def test_config_of_another_algorithm():
     result = mpicd_cli("config", "--algorithm", "fedamp")
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["algorithm"] == {  # the defaults fedamp.py documents
-        "name": "fedamp", "lambda": 0.1, "sigma": 1e-4, "alpha": "auto", "similarity": "gaussian",
-        "self_weight": 0.5, "cosine_scale": 10.0, "exchange": "allgather"}
+        "name": "fedamp",
+        "lambda": 0.1,
+        "sigma": 1e-4,
+        "alpha": "auto",
+        "similarity": "gaussian",
+        "self_weight": 0.5,
+        "cosine_scale": 10.0,
+        "exchange": "allgather",
+    }
     assert "# number in [0, 1]; cosine only: xi_ii" in result.stdout
     assert yaml.safe_load(mpicd_cli("config", "--algorithm", "fedavg").stdout)["algorithm"] == {"name": "fedavg"}
     wrong = mpicd_cli("config", "--algorithm", "fedsgd")
@@ -71,6 +86,7 @@ def test_config_of_another_algorithm():
 
 
 # --------------------------------------------------------------------------- reading without MPI
+
 
 @pytest.fixture(scope="module")
 def run_file(tmp_path_factory):
@@ -105,7 +121,8 @@ def test_results_to_frame_is_a_tidy_table(run_file):
         metrics = {name: f["metrics"][name][()] for name in f["metrics"]}
     classes = metrics["recall"].shape[2]
     expected_names = {n for n, v in metrics.items() if v.ndim == 2} | {
-        f"{n}[{c}]" for n, v in metrics.items() if v.ndim == 3 for c in range(classes)}
+        f"{n}[{c}]" for n, v in metrics.items() if v.ndim == 3 for c in range(classes)
+    }
     assert set(frame["metric"]) == expected_names
     assert len(frame) == 2 * 2 * len(expected_names)  # rounds x clients x metrics
     assert (frame["algorithm"] == "codistill").all() and (frame["seed"] == 0).all()
@@ -123,18 +140,26 @@ def test_to_frame_without_pandas_names_the_extra(run_file, monkeypatch):
 
 # --------------------------------------------------------------------------- fail fast on the rank count
 
+
 def test_launch_hint_names_the_launcher():
     assert launch_hint(4, {}) == "run mpirun -n 4"
     assert launch_hint(6, {"SLURM_JOB_ID": "17"}) == "submit with sbatch --ntasks=6 (inside an allocation: srun -n 6)"
 
 
-@pytest.mark.parametrize("slurm, hint", [(False, "run mpirun -n 4, or set clients=2"),
-                                         (True, "submit with sbatch --ntasks=4 (inside an allocation: srun -n 4)")])
+@pytest.mark.parametrize(
+    "slurm, hint",
+    [
+        (False, "run mpirun -n 4, or set clients=2"),
+        (True, "submit with sbatch --ntasks=4 (inside an allocation: srun -n 4)"),
+    ],
+)
 def test_a_wrong_rank_count_is_refused_before_torch_is_imported(tmp_path, slurm, hint):
     out = tmp_path / "never.h5"
     code = BLOCK.format(blocked={"torch", "sklearn"}) + (
-        "import os\n" + ("os.environ['SLURM_JOB_ID'] = '17'\n" if slurm else "") +
-        f"from mpicd.cli import main\nsys.exit(main(['run', {str(QUICKSTART)!r}, '--out', {str(out)!r}]))\n")
+        "import os\n"
+        + ("os.environ['SLURM_JOB_ID'] = '17'\n" if slurm else "")
+        + f"from mpicd.cli import main\nsys.exit(main(['run', {str(QUICKSTART)!r}, '--out', {str(out)!r}]))\n"
+    )
     result = mpiexec(2, "-c", code, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "the config has 4 clients but the job has 2 MPI ranks: " + hint in result.stderr
@@ -143,6 +168,7 @@ def test_a_wrong_rank_count_is_refused_before_torch_is_imported(tmp_path, slurm,
 
 
 # --------------------------------------------------------------------------- sweep progress
+
 
 def test_progress_line():
     assert duration(59.4) == "59s" and duration(61) == "1m01s" and duration(3725) == "1h02m"
@@ -153,10 +179,13 @@ def test_progress_line():
 
 def test_workstation_sweep_prints_progress(tmp_path):
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(f"config: {QUICKSTART}\noutput_dir: {tmp_path / 'out'}\ngrid:\n  algorithm: [local]\n"
-                     "  data.images_per_class: [null, 500]\n  clients: [2]\n  rounds: [2]\n")  # 500: run 1 fails
-    result = subprocess.run(["bash", "jobs/sweep.sh", str(sweep)], cwd=ROOT, env=mpi_env(), capture_output=True,
-                            text=True, timeout=300)
+    sweep.write_text(
+        f"config: {QUICKSTART}\noutput_dir: {tmp_path / 'out'}\ngrid:\n  algorithm: [local]\n"
+        "  data.images_per_class: [null, 500]\n  clients: [2]\n  rounds: [2]\n"
+    )  # 500: run 1 fails
+    result = subprocess.run(
+        ["bash", "jobs/sweep.sh", str(sweep)], cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 1, result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith(("===", "---"))]
     t = r"(\d+s|\d+m\d\ds|\d+h\d\dm)"  # a duration: 12s, 4m05s, 3h07m

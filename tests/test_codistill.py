@@ -59,13 +59,27 @@ def test_every_rank_used_the_shared_teacher_assignment(run):
 
 def test_results_file_holds_the_contract(run):
     ranks, res = run
-    for name in ("train_loss", "test_acc", "balanced_acc", "minority_acc", "comm_seconds", "compute_seconds",
-                 "train_seconds", "eval_seconds", "write_seconds"):
+    for name in (
+        "train_loss",
+        "test_acc",
+        "balanced_acc",
+        "minority_acc",
+        "comm_seconds",
+        "compute_seconds",
+        "train_seconds",
+        "eval_seconds",
+        "write_seconds",
+    ):
         assert res.metrics[name].shape == (ROUNDS, ranks) and np.isfinite(res.metrics[name]).all(), name
     assert res.metrics["recall"].shape == (ROUNDS, ranks, 2)
     assert res.attrs["writer"] == "mpio" and res.attrs["num_classes"] == 2
-    assert res.config["algorithm"] == {"name": "codistill", "lambda": 1.0, "k": "all", "teacher_per": "round",
-                                       "classes": "expertise"}
+    assert res.config["algorithm"] == {
+        "name": "codistill",
+        "lambda": 1.0,
+        "k": "all",
+        "teacher_per": "round",
+        "classes": "expertise",
+    }
     assert res.config["train"]["lr"] == 0.001 and res.config["clients"] == ranks
     assert "torch" in res.attrs["versions"] and res.attrs["num_parameters"] > 0
     assert np.array_equal(res.partition["expertise"], np.arange(ranks) % 2)
@@ -73,19 +87,30 @@ def test_results_file_holds_the_contract(run):
     assert (res.outside_rounds >= 0).all()
     # minority accuracy is the recall of the non-expertise class
     other = 1 - res.partition["expertise"]
-    np.testing.assert_array_equal(res.metrics["minority_acc"],
-                                  res.metrics["recall"][:, np.arange(ranks), other])
+    np.testing.assert_array_equal(res.metrics["minority_acc"], res.metrics["recall"][:, np.arange(ranks), other])
 
 
 def test_distillation_pulls_student_features_toward_the_representation(tmp_path):
     def distances(lam):
         folder = tmp_path / str(lam)
         folder.mkdir()
-        result = mpiexec(4, str(DRIVERS / "distill_pull.py"), str(QUICKSTART), str(lam), str(folder),
-                         "train.local_epochs=3", timeout=180)
+        result = mpiexec(
+            4,
+            str(DRIVERS / "distill_pull.py"),
+            str(QUICKSTART),
+            str(lam),
+            str(folder),
+            "train.local_epochs=3",
+            timeout=180,
+        )
         assert result.returncode == 0, result.stderr
-        rows = np.array([[float(v) for v in line.split()] for rank in range(4)
-                         for line in (folder / f"rank{rank}.txt").read_text().splitlines()])
+        rows = np.array(
+            [
+                [float(v) for v in line.split()]
+                for rank in range(4)
+                for line in (folder / f"rank{rank}.txt").read_text().splitlines()
+            ]
+        )
         return rows[:, 1], rows[:, 2]
 
     before_strong, after_strong = distances(100.0)
@@ -136,6 +161,7 @@ def test_k_larger_than_a_shared_class_is_rejected_before_training():
 # --- Direct checks of the method: tests/drivers/codistill_probe.py dumps what each rank had, sent,
 # received and added to its loss; everything below is recomputed here by hand.
 
+
 @pytest.fixture(scope="module", params=[2, 4])
 def probe(request, tmp_path_factory):
     """(ranks, {variant: (plan, [rank dumps])}) of one probe job under ``mpiexec -n ranks``."""
@@ -164,10 +190,11 @@ def teacher_model(plan, dump: dict, r: int):
     from mpicd.models import build_model
 
     cfg = plan.config
-    model = build_model(cfg.model.name, plan.dataset.input_shape, plan.dataset.num_classes,
-                        cfg.model.feature_dim, cfg.model.hidden)
+    model = build_model(
+        cfg.model.name, plan.dataset.input_shape, plan.dataset.num_classes, cfg.model.feature_dim, cfg.model.hidden
+    )
     prefix = f"state_{r}/"
-    model.load_state_dict({k[len(prefix):]: torch.from_numpy(v) for k, v in dump.items() if k.startswith(prefix)})
+    model.load_state_dict({k[len(prefix) :]: torch.from_numpy(v) for k, v in dump.items() if k.startswith(prefix)})
     return model.double()
 
 
@@ -175,7 +202,7 @@ def features_one_by_one(model, x: np.ndarray) -> np.ndarray:
     """Eval-mode features, one image per forward pass, in float64."""
     model.eval()
     with torch.no_grad():
-        return np.stack([model.features(torch.from_numpy(x[i: i + 1]).double())[0].numpy() for i in range(len(x))])
+        return np.stack([model.features(torch.from_numpy(x[i : i + 1]).double())[0].numpy() for i in range(len(x))])
 
 
 def rounds_of(dump: dict) -> list[int]:
@@ -186,7 +213,7 @@ def test_each_student_receives_its_teachers_eval_mode_mean_over_k_images(probe):
     ranks, variants = probe
     for name, (plan, dumps) in variants.items():
         params, num_classes = plan.algorithm_params, plan.dataset.num_classes
-        expertise = np.arange(ranks) % num_classes                      # round-robin, by the spec
+        expertise = np.arange(ranks) % num_classes  # round-robin, by the spec
         checked, means, models = 0, {}, {}
 
         def mean_of(t: int, r: int, c: int) -> np.ndarray:
@@ -225,13 +252,20 @@ def test_each_student_receives_its_teachers_eval_mode_mean_over_k_images(probe):
                     received = dumps[s][f"received_{r}_{t}"]
                     assert received.shape[0] == len(shared) and received.dtype == np.float32
                     for row, c in enumerate(shared):
-                        np.testing.assert_allclose(received[row], mean_of(t, r, c), rtol=1e-4, atol=1e-5,
-                                                   err_msg=f"{name}: R from {t} to {s} in round {r}, class {c}")
+                        np.testing.assert_allclose(
+                            received[row],
+                            mean_of(t, r, c),
+                            rtol=1e-4,
+                            atol=1e-5,
+                            err_msg=f"{name}: R from {t} to {s} in round {r}, class {c}",
+                        )
                         checked += 1
         assert checked >= ranks, name
         if params.k != "all":  # the k images are redrawn each round
-            assert any(not np.array_equal(dumps[t]["subset_0_" + str(expertise[t])],
-                                          dumps[t]["subset_1_" + str(expertise[t])]) for t in range(ranks)), name
+            assert any(
+                not np.array_equal(dumps[t]["subset_0_" + str(expertise[t])], dumps[t]["subset_1_" + str(expertise[t])])
+                for t in range(ranks)
+            ), name
 
 
 def test_the_term_is_lambda_mse_over_the_batch_samples_of_the_teachers_class(probe):
@@ -285,8 +319,8 @@ def test_a_per_batch_teacher_is_never_the_client_and_follows_its_own_stream(prob
             assert drawn == expected, (s, r)
             shared = seeds.rng(seed, seeds.TEACHERS, r).bit_generator.state
             assert seeds.rng(seed, seeds.BATCH_TEACHERS, r, s).bit_generator.state != shared
-            sequences[(s, r)] = tuple(t - (t > s) for t in drawn)       # back to the draws 0..N-2
-        assert set(everyone) == set(range(ranks)) - {s}, s    # uniform over the others: all appear
+            sequences[(s, r)] = tuple(t - (t > s) for t in drawn)  # back to the draws 0..N-2
+        assert set(everyone) == set(range(ranks)) - {s}, s  # uniform over the others: all appear
     if ranks > 2:  # with two ranks the only other client is always drawn
         assert len(set(sequences.values())) == len(sequences)
 

@@ -25,20 +25,23 @@ def test_quickstart_loads_and_round_trips():
     assert from_mapping(Config, to_mapping(cfg)) == cfg
 
 
-@pytest.mark.parametrize("override, key", [
-    ("data.skew=1.0", "data.skew"),
-    ("data.skew=-0.1", "data.skew"),
-    ("clients=0", "clients"),
-    ("rounds=0", "rounds"),
-    ("train.lr=0", "train.lr"),
-    ("train.batch_size=2.5", "train.batch_size"),
-    ("train.optimizer=rmsprop", "train.optimizer"),
-    ("data.name=cifar", "data.name"),
-    ("rounds=true", "rounds"),
-    ("data.skeww=0.2", "data.skeww"),
-    ("colour=red", "colour"),
-    ("data=3", "data"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("data.skew=1.0", "data.skew"),
+        ("data.skew=-0.1", "data.skew"),
+        ("clients=0", "clients"),
+        ("rounds=0", "rounds"),
+        ("train.lr=0", "train.lr"),
+        ("train.batch_size=2.5", "train.batch_size"),
+        ("train.optimizer=rmsprop", "train.optimizer"),
+        ("data.name=cifar", "data.name"),
+        ("rounds=true", "rounds"),
+        ("data.skeww=0.2", "data.skeww"),
+        ("colour=red", "colour"),
+        ("data=3", "data"),
+    ],
+)
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         load_config(QUICKSTART, [override])
@@ -46,13 +49,16 @@ def test_bad_values_name_the_key(override, key):
     assert key in str(err.value)
 
 
-@pytest.mark.parametrize("override, key", [
-    ("algorithm.lambda=-1", "algorithm.lambda"),
-    ("algorithm.k=0", "algorithm.k"),
-    ("algorithm.k=some", "algorithm.k"),
-    ("algorithm.temperature=2", "algorithm.temperature"),
-    ("algorithm.name=fedsomething", "algorithm.name"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("algorithm.lambda=-1", "algorithm.lambda"),
+        ("algorithm.k=0", "algorithm.k"),
+        ("algorithm.k=some", "algorithm.k"),
+        ("algorithm.temperature=2", "algorithm.temperature"),
+        ("algorithm.name=fedsomething", "algorithm.name"),
+    ],
+)
 def test_bad_algorithm_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         resolve(load_config(QUICKSTART, [override]).algorithm)
@@ -93,11 +99,14 @@ def test_integer_accepted_where_float_expected_but_not_bool():
 
 # --------------------------------------------------------------------------- config groups
 
+
 def test_a_group_name_selects_that_entry_with_its_defaults():
     cfg = load_config(QUICKSTART, ["algorithm=fedavg"])
     assert cfg.algorithm == {"name": "fedavg"}
     assert load_config(QUICKSTART, ["algorithm=fedproto", "algorithm.lambda=0.5"]).algorithm == {
-        "name": "fedproto", "lambda": 0.5}
+        "name": "fedproto",
+        "lambda": 0.5,
+    }
     model = load_config(QUICKSTART, ["model.hidden=7", "model=resnet18"]).model  # quickstart: mlp, hidden 64
     assert (model.name, model.hidden, model.feature_dim) == ("resnet18", 64, 200)
     data = load_config(QUICKSTART, ["data=breast_cancer"]).data  # quickstart's skew 0.6 goes with the section
@@ -128,8 +137,9 @@ def test_switching_method_by_name_with_the_old_methods_keys_says_use_the_group()
 def test_unknown_key_messages_list_the_keys_allowed_there():
     with pytest.raises(ConfigError) as err:
         load_config(QUICKSTART, ["train.learning_rate=0.1"])
-    assert str(err.value).endswith("(known keys here: batch_size, eval_batch_size, local_epochs, lr, momentum, "
-                                   "optimizer, weight_decay)")
+    assert str(err.value).endswith(
+        "(known keys here: batch_size, eval_batch_size, local_epochs, lr, momentum, optimizer, weight_decay)"
+    )
 
     @dataclass
     class Nothing:
@@ -143,25 +153,36 @@ def test_unknown_key_messages_list_the_keys_allowed_there():
 
 # --------------------------------------------------------------------------- numbers as people write them
 
-@pytest.mark.parametrize("override, get, expected", [
-    ("train.lr=1e-3", lambda c: c.train.lr, 0.001),
-    ("train.lr=1E-3", lambda c: c.train.lr, 0.001),
-    ("train.lr=2.5e-4", lambda c: c.train.lr, 0.00025),
-    ("train.weight_decay=5e4", lambda c: c.train.weight_decay, 50000.0),
-    ("rounds=5e1", lambda c: c.rounds, 50),
-    ("data.images_per_class=1.5e2", lambda c: c.data.images_per_class, 150),
-    ("train.batch_size=32.0", lambda c: c.train.batch_size, 32),
-    ("data.path=1e3", lambda c: c.data.path, "1e3"),  # a string key keeps the string
-])
+
+@pytest.mark.parametrize(
+    "override, get, expected",
+    [
+        ("train.lr=1e-3", lambda c: c.train.lr, 0.001),
+        ("train.lr=1E-3", lambda c: c.train.lr, 0.001),
+        ("train.lr=2.5e-4", lambda c: c.train.lr, 0.00025),
+        ("train.weight_decay=5e4", lambda c: c.train.weight_decay, 50000.0),
+        ("rounds=5e1", lambda c: c.rounds, 50),
+        ("data.images_per_class=1.5e2", lambda c: c.data.images_per_class, 150),
+        ("train.batch_size=32.0", lambda c: c.train.batch_size, 32),
+        ("data.path=1e3", lambda c: c.data.path, "1e3"),  # a string key keeps the string
+    ],
+)
 def test_numbers_in_exponent_notation_where_the_key_is_numeric(override, get, expected):
     value = get(load_config(QUICKSTART, [override]))
     assert value == expected and type(value) is type(expected)
 
 
-@pytest.mark.parametrize("override, key", [
-    ("rounds=1e-3", "rounds"), ("train.batch_size=2.5e0", "train.batch_size"), ("train.lr=1e-3x", "train.lr"),
-    ("train.lr=nan", "train.lr"), ("train.lr=0e0", "train.lr"), ("train.lr=1e400", "train.lr"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("rounds=1e-3", "rounds"),
+        ("train.batch_size=2.5e0", "train.batch_size"),
+        ("train.lr=1e-3x", "train.lr"),
+        ("train.lr=nan", "train.lr"),
+        ("train.lr=0e0", "train.lr"),
+        ("train.lr=1e400", "train.lr"),
+    ],
+)
 def test_numbers_that_are_still_wrong(override, key):
     with pytest.raises(ConfigError) as err:
         load_config(QUICKSTART, [override])
@@ -181,8 +202,10 @@ def test_exponent_numbers_in_yaml_files_and_algorithm_sections(tmp_path):
 
 def test_exponent_numbers_in_a_sweep_grid(tmp_path):
     path = tmp_path / "sweep.yaml"
-    path.write_text(f"config: {QUICKSTART}\noutput_dir: {tmp_path}\ngrid:\n  train.lr: [1e-3, 5e-4]\n"
-                    "  algorithm: [fedavg, codistill]\n")
+    path.write_text(
+        f"config: {QUICKSTART}\noutput_dir: {tmp_path}\ngrid:\n  train.lr: [1e-3, 5e-4]\n"
+        "  algorithm: [fedavg, codistill]\n"
+    )
     runs = load_sweep(path)
     assert [load_config(r.config, r.overrides).train.lr for r in runs] == [0.001, 0.001, 0.0005, 0.0005]
     assert [load_config(r.config, r.overrides).algorithm["name"] for r in runs[:2]] == ["fedavg", "codistill"]

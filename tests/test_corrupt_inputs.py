@@ -57,8 +57,15 @@ def limited_memory() -> None:
 
 def check_command(path: Path) -> tuple[int, str]:
     """The real ``python -m mpicd check``, under a memory limit."""
-    result = subprocess.run([sys.executable, "-m", "mpicd", "check", str(path)], cwd=ROOT, env=mpi_env(),
-                            capture_output=True, text=True, timeout=180, preexec_fn=limited_memory)
+    result = subprocess.run(
+        [sys.executable, "-m", "mpicd", "check", str(path)],
+        cwd=ROOT,
+        env=mpi_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        preexec_fn=limited_memory,
+    )
     return result.returncode, result.stderr
 
 
@@ -72,6 +79,7 @@ def one_line(code: int, stderr: str, key: str, *fragments: str) -> str:
 
 
 # --------------------------------------------------------------------------- MedMNIST .npz
+
 
 def arrays_of(path: Path) -> dict:
     with np.load(path) as npz:
@@ -88,7 +96,7 @@ def flip_inside(path: Path, member: str) -> None:
     with zipfile.ZipFile(path) as zf:
         info = zf.getinfo(member)
     raw = bytearray(path.read_bytes())
-    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26: info.header_offset + 30])
+    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26 : info.header_offset + 30])
     start = info.header_offset + 30 + name_len + extra_len
     for i in range(start + 10, start + min(40, info.compress_size - 1)):
         raw[i] ^= 0xA5
@@ -118,16 +126,24 @@ NPZ_CASES = {
     "cut at 99%": (lambda p: truncated(p, 0.99), "is not a readable .npz file"),
     "empty": (lambda p: truncated(p, 0.0), "is not a readable .npz file"),
     "corrupt member": (lambda p: flip_inside(p, "val_images.npy"), "array 'val_images' cannot be read"),
-    "pickled labels": (lambda p: replaced(p, train_labels=np.array([[1]] * 20, dtype=object)),
-                       "array 'train_labels' cannot be read"),
+    "pickled labels": (
+        lambda p: replaced(p, train_labels=np.array([[1]] * 20, dtype=object)),
+        "array 'train_labels' cannot be read",
+    ),
     "float images": (lambda p: replaced(p, train_images=np.zeros((20, 8, 8))), "train_images in", "float64"),
     "4 channels": (lambda p: replaced(p, val_images=np.zeros((4, 8, 8, 4), np.uint8)), "val_images in", "(4, 8, 8, 4)"),
     "0x0 images": (lambda p: replaced(p, test_images=np.zeros((4, 0, 0), np.uint8)), "test_images in", "H, W >= 1"),
     "labels per image wrong": (lambda p: replaced(p, train_labels=np.zeros((20, 3), np.uint8)), "train_labels in"),
-    "split of another size": (lambda p: replaced(p, val_images=np.zeros((4, 4, 4), np.uint8)),
-                              "val_images in", "(4, 4) but train_images are (8, 8)"),
-    "split in colour": (lambda p: replaced(p, test_images=np.zeros((4, 8, 8, 3), np.uint8)),
-                        "test_images in", "(8, 8, 3) but train_images are (8, 8)"),
+    "split of another size": (
+        lambda p: replaced(p, val_images=np.zeros((4, 4, 4), np.uint8)),
+        "val_images in",
+        "(4, 4) but train_images are (8, 8)",
+    ),
+    "split in colour": (
+        lambda p: replaced(p, test_images=np.zeros((4, 8, 8, 3), np.uint8)),
+        "test_images in",
+        "(8, 8, 3) but train_images are (8, 8)",
+    ),
     "a .npy file": (npy_instead, "a .npy file"),
     "members not .npy": (junk_members, "'train_images' is not a .npy array"),
 }
@@ -153,8 +169,12 @@ def test_a_truncated_npz_through_the_command(tmp_path):
     npz = tmp_path / "x.npz"
     write_medmnist(npz, LABELS)
     truncated(npz, 0.5)
-    one_line(*check_command(config(tmp_path, {"name": "medmnist", "path": str(npz)})), "data.path",
-             repr(str(npz)), "is not a readable .npz file")
+    one_line(
+        *check_command(config(tmp_path, {"name": "medmnist", "path": str(npz)})),
+        "data.path",
+        repr(str(npz)),
+        "is not a readable .npz file",
+    )
 
 
 def test_an_absurd_label_is_refused_before_allocating_a_class_per_value(tmp_path):
@@ -164,8 +184,12 @@ def test_an_absurd_label_is_refused_before_allocating_a_class_per_value(tmp_path
     labels = np.array(LABELS["train"], dtype=np.int64).reshape(-1, 1)
     labels[3] = 2**40
     replaced(npz, train_labels=labels)
-    one_line(*check_command(config(tmp_path, {"name": "medmnist", "path": str(npz)})), "data.path",
-             repr(str(npz)), f"train_labels in {str(npz)!r} has label {2**40}, but the file holds only 28 images")
+    one_line(
+        *check_command(config(tmp_path, {"name": "medmnist", "path": str(npz)})),
+        "data.path",
+        repr(str(npz)),
+        f"train_labels in {str(npz)!r} has label {2**40}, but the file holds only 28 images",
+    )
 
 
 @pytest.mark.parametrize("fmt", ["medmnist", "aptos", "covid"])
@@ -180,20 +204,30 @@ def test_an_image_size_no_machine_can_hold_is_refused_before_resizing(fmt, tmp_p
     else:
         write_covid(tmp_path / "covid", {"Normal": 8, "COVID": 8})
         data = {"name": fmt, "path": str(tmp_path / "covid")}
-    one_line(*check_command(config(tmp_path, {**data, "image_size": 10**6})), "data.image_size",
-             "1000000x1000000 images", "GiB of memory")
+    one_line(
+        *check_command(config(tmp_path, {**data, "image_size": 10**6})),
+        "data.image_size",
+        "1000000x1000000 images",
+        "GiB of memory",
+    )
 
 
 # --------------------------------------------------------------------------- images and CSV files
 
+
 def png_header(width: int, height: int) -> bytes:
     """A well-formed PNG whose header claims width x height grey pixels (decompression-bomb sized)."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     rows = zlib.compress(b"\x00" * (width + 1) * 4)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
-            + chunk(b"IDAT", rows) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+        + chunk(b"IDAT", rows)
+        + chunk(b"IEND", b"")
+    )
 
 
 BAD_PNGS = {
@@ -211,24 +245,34 @@ def test_an_aptos_image_that_does_not_decode_names_the_image_and_csv_line(case, 
     third = list(truth)[2]  # line 4 of train.csv (the header is line 1)
     image = tmp_path / "aptos" / "train_images" / f"{third}.png"
     image.write_bytes(BAD_PNGS[case](image.read_bytes()))
-    one_line(*check(config(tmp_path, {"name": "aptos", "path": str(tmp_path / "aptos")})), "data.path",
-             f"cannot read image {str(image)!r} (listed in {str(tmp_path / 'aptos' / 'train.csv')!r} line 4)")
+    one_line(
+        *check(config(tmp_path, {"name": "aptos", "path": str(tmp_path / "aptos")})),
+        "data.path",
+        f"cannot read image {str(image)!r} (listed in {str(tmp_path / 'aptos' / 'train.csv')!r} line 4)",
+    )
 
 
 def test_a_png_that_does_not_decode_through_the_command(tmp_path):
     truth = write_aptos(tmp_path / "aptos", DIAGNOSES)
     image = tmp_path / "aptos" / "train_images" / f"{list(truth)[0]}.png"
     image.write_bytes(b"GIF89a but not really")
-    one_line(*check_command(config(tmp_path, {"name": "aptos", "path": str(tmp_path / "aptos")})), "data.path",
-             f"cannot read image {str(image)!r}", "line 2")
+    one_line(
+        *check_command(config(tmp_path, {"name": "aptos", "path": str(tmp_path / "aptos")})),
+        "data.path",
+        f"cannot read image {str(image)!r}",
+        "line 2",
+    )
 
 
 def test_a_covid_image_that_does_not_decode_names_the_image(tmp_path):
     write_covid(tmp_path / "covid", {"Normal": 8, "COVID": 8})
     image = tmp_path / "covid" / "COVID" / "images" / "COVID-7.png"
     image.write_bytes(image.read_bytes()[:40])
-    one_line(*check(config(tmp_path, {"name": "covid", "path": str(tmp_path / "covid")})), "data.path",
-             f"cannot read image {str(image)!r}")
+    one_line(
+        *check(config(tmp_path, {"name": "covid", "path": str(tmp_path / "covid")})),
+        "data.path",
+        f"cannot read image {str(image)!r}",
+    )
 
 
 def test_two_class_names_for_one_folder_are_refused(tmp_path):
@@ -247,15 +291,21 @@ def csv_with(tmp_path: Path, extra: bytes) -> Path:
 
 def test_a_csv_row_with_an_unknown_grade_names_the_csv_and_line(tmp_path):
     table = csv_with(tmp_path, b"000cc0ffee12,7\n")  # line 14
-    one_line(*check_command(config(tmp_path, {"name": "aptos", "path": str(tmp_path / "aptos")})), "data.path",
-             f"{str(table)!r} line 14: diagnosis '7' is not one of 0-4")
+    one_line(
+        *check_command(config(tmp_path, {"name": "aptos", "path": str(tmp_path / "aptos")})),
+        "data.path",
+        f"{str(table)!r} line 14: diagnosis '7' is not one of 0-4",
+    )
 
 
 def test_a_csv_row_whose_image_is_missing_names_the_image_and_line(tmp_path):
     table = csv_with(tmp_path, b"deadbeef,1\n")
     image = tmp_path / "aptos" / "train_images" / "deadbeef.png"
-    one_line(*check(config(tmp_path, {"name": "aptos", "path": str(tmp_path / "aptos")})), "data.path",
-             f"image {str(image)!r} listed in {str(table)!r} line 14 does not exist")
+    one_line(
+        *check(config(tmp_path, {"name": "aptos", "path": str(tmp_path / "aptos")})),
+        "data.path",
+        f"image {str(image)!r} listed in {str(table)!r} line 14 does not exist",
+    )
 
 
 def test_a_csv_that_lists_an_image_twice_names_both_lines(tmp_path):
@@ -263,17 +313,24 @@ def test_a_csv_that_lists_an_image_twice_names_both_lines(tmp_path):
     truth = write_aptos(tmp_path / "aptos", DIAGNOSES)
     table = tmp_path / "aptos" / "train.csv"
     table.write_text(table.read_text() + f"{list(truth)[1]},0\n")
-    one_line(*check(config(tmp_path, {"name": "aptos", "path": str(tmp_path / "aptos")})), "data.path",
-             f"{str(table)!r} lists id_code {list(truth)[1]!r} twice, lines 3 and 14")
+    one_line(
+        *check(config(tmp_path, {"name": "aptos", "path": str(tmp_path / "aptos")})),
+        "data.path",
+        f"{str(table)!r} lists id_code {list(truth)[1]!r} twice, lines 3 and 14",
+    )
 
 
 def test_a_csv_that_is_not_utf8_names_the_csv(tmp_path):
     table = csv_with(tmp_path, b"caf\xe9,1\n")
-    one_line(*check(config(tmp_path, {"name": "aptos", "path": str(tmp_path / "aptos")})), "data.path",
-             f"{str(table)!r} is not UTF-8 text")
+    one_line(
+        *check(config(tmp_path, {"name": "aptos", "path": str(tmp_path / "aptos")})),
+        "data.path",
+        f"{str(table)!r} is not UTF-8 text",
+    )
 
 
 # --------------------------------------------------------------------------- a class left empty on a client
+
 
 def test_a_skew_that_leaves_a_client_no_image_of_a_class_names_client_and_class(tmp_path):
     """2 per class, skew 0.6: floor(0.4 * 2) = 0 images of class 1 on client 0 (expert in class 0)."""
@@ -284,8 +341,12 @@ def test_a_skew_that_leaves_a_client_no_image_of_a_class_names_client_and_class(
 def test_the_authors_skew_empties_only_the_class_0_experts(tmp_path):
     """authors mode, 3 clients (experts 0, 1, 0), 1 per class, skew 0.5: client 0 keeps floor(0.5) = 0 of
     class 1; client 1 (expert in 1) keeps all, so the first empty one is client 0, class 1."""
-    path = config(tmp_path, {"name": "breast_cancer", "images_per_class": 1, "skew": 0.5, "skew_mode": "authors"},
-                  model={"name": "mlp"}, clients=3)
+    path = config(
+        tmp_path,
+        {"name": "breast_cancer", "images_per_class": 1, "skew": 0.5, "skew_mode": "authors"},
+        model={"name": "mlp"},
+        clients=3,
+    )
     one_line(*check(path), "data.skew", "client 0 (expertise class 0) would get 0 images of class 1")
 
 
@@ -301,11 +362,16 @@ def test_more_images_per_class_than_a_class_holds_names_the_class(tmp_path):
     npz = tmp_path / "x.npz"
     write_medmnist(npz, LABELS)  # 10 training images of each class
     path = config(tmp_path, {"name": "medmnist", "path": str(npz), "images_per_class": 6})
-    one_line(*check(path), "data.images_per_class", "6 per client x 2 clients needs 12 images of class 0, which "
-             "has 10 in the training split; the largest allowed value is 5")
+    one_line(
+        *check(path),
+        "data.images_per_class",
+        "6 per client x 2 clients needs 12 images of class 0, which "
+        "has 10 in the training split; the largest allowed value is 5",
+    )
 
 
 # --------------------------------------------------------------------------- results files
+
 
 @pytest.fixture(scope="module")
 def real_results(tmp_path_factory):
@@ -370,13 +436,17 @@ def reshaped_metric(f) -> None:
     f["metrics/minority_acc"] = np.zeros(3)
 
 
-@pytest.mark.parametrize("edit, fragment", [
-    (lambda f: f.attrs.__setitem__("config", "a: [1"), "the attribute config is not YAML"),
-    (lambda f: f.attrs.__setitem__("completed_rounds", 7), "completed_rounds is 7, but /metrics holds 1 rounds"),
-    (lambda f: f.attrs.__setitem__("completed_rounds", "many"), "not an mpicd results file (ValueError"),
-    (lambda f: f.__delitem__("comm"), "not an mpicd results file (no /comm/bytes_sent"),
-    (reshaped_metric, "not a readable mpicd results file (AxisError"),
-], ids=["config not yaml", "more rounds than rows", "rounds not a number", "no comm group", "1-d metric"])
+@pytest.mark.parametrize(
+    "edit, fragment",
+    [
+        (lambda f: f.attrs.__setitem__("config", "a: [1"), "the attribute config is not YAML"),
+        (lambda f: f.attrs.__setitem__("completed_rounds", 7), "completed_rounds is 7, but /metrics holds 1 rounds"),
+        (lambda f: f.attrs.__setitem__("completed_rounds", "many"), "not an mpicd results file (ValueError"),
+        (lambda f: f.__delitem__("comm"), "not an mpicd results file (no /comm/bytes_sent"),
+        (reshaped_metric, "not a readable mpicd results file (AxisError"),
+    ],
+    ids=["config not yaml", "more rounds than rows", "rounds not a number", "no comm group", "1-d metric"],
+)
 def test_a_damaged_mpicd_file_names_the_file_and_why(real_results, tmp_path, edit, fragment):
     path = damaged_copy(real_results, tmp_path, edit)
     one_report_line(*report(path), path, fragment)

@@ -42,16 +42,18 @@ def test_layout_loads_binarised_grey_and_resized(tmp_path):
     assert set(seen) == set(label_of_grey)
     train_greys = np.array([g for g, name in seen.items() if name == "train"]) / 255.0
     assert ds.normalization["mean"] == pytest.approx([train_greys.mean()], abs=1e-6)
-    assert ds.normalization["std"] == pytest.approx([train_greys.std()], abs=1e-6)   # flat images
+    assert ds.normalization["std"] == pytest.approx([train_greys.std()], abs=1e-6)  # flat images
     assert ds.normalization["computed_on"] == "train split (8 images)"
 
 
 def test_image_size_and_split_seed(tmp_path):
     write_aptos(tmp_path / "aptos", DIAGNOSES)
     assert load(tmp_path / "aptos", image_size=16).input_shape == (1, 16, 16)
+
     def test_greys(split_seed):
         ds = load(tmp_path / "aptos", split_seed=split_seed, image_size=8)
         return tuple(np.round(unscaled(ds, ds.test).mean(axis=(1, 2, 3)) * 255).astype(int))
+
     assert test_greys(0) == test_greys(0)
     assert len({test_greys(s) for s in range(6)}) > 1
 

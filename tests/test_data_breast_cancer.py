@@ -27,15 +27,16 @@ def test_shapes_labels_and_metadata(dataset):
     assert dataset.class_names == ("malignant", "benign") and dataset.num_classes == 2
     assert dataset.train.x.dtype == np.float32 and dataset.train.y.dtype == np.int64
     assert dataset.eval_split == "stratified 0.2 of each class held out with split_seed=0 (113 cases)"
-    assert dataset.val_split == ("stratified 0.1 of each class, drawn with split_seed=0 from what is not "
-                                 "held out (57 cases)")
+    assert dataset.val_split == (
+        "stratified 0.1 of each class, drawn with split_seed=0 from what is not held out (57 cases)"
+    )
     assert dataset.normalization["computed_on"] == "train split (399 cases)"
 
 
 def test_splits_are_stratified_and_disjoint(dataset):
     # sklearn: 212 malignant, 357 benign; 20% of each class held out, 10% for validation, rounded
     assert np.bincount(dataset.test.y).tolist() == [42, 71]
-    assert np.bincount(dataset.val.y).tolist() == [21, 36]      # 21.2, 35.7
+    assert np.bincount(dataset.val.y).tolist() == [21, 36]  # 21.2, 35.7
     assert np.bincount(dataset.train.y).tolist() == [149, 250]
     train, val, test = rows(dataset.train.x), rows(dataset.val.x), rows(dataset.test.x)
     assert not train & val and not train & test and not val & test
@@ -62,9 +63,10 @@ def test_split_follows_split_seed_and_fraction(dataset):
     half = load_dataset(DataConfig(test_fraction=0.5))
     assert np.bincount(half.test.y).tolist() == [106, 179]  # 0.5 * 357 = 178.5 rounds up
     wider = load_dataset(DataConfig(val_fraction=0.3))
-    assert np.bincount(wider.val.y).tolist() == [64, 107]   # 63.6, 107.1
-    unscaled = [d.test.x * np.float32(d.normalization["std"]) + np.float32(d.normalization["mean"])
-                for d in (dataset, wider)]
+    assert np.bincount(wider.val.y).tolist() == [64, 107]  # 63.6, 107.1
+    unscaled = [
+        d.test.x * np.float32(d.normalization["std"]) + np.float32(d.normalization["mean"]) for d in (dataset, wider)
+    ]
     np.testing.assert_allclose(unscaled[1], unscaled[0], rtol=1e-4, atol=1e-3)  # same test cases
 
 

@@ -39,8 +39,13 @@ def test_default_classes_are_normal_then_covid(tmp_path):
 
 def test_classes_key_sets_label_order_and_size(tmp_path):
     levels = write_covid(tmp_path / "db", COUNTS)
-    ds = load(tmp_path / "db", classes=["COVID", "Lung_Opacity", "Normal"], image_size=12, test_fraction=0.34,
-              val_fraction=0.34)
+    ds = load(
+        tmp_path / "db",
+        classes=["COVID", "Lung_Opacity", "Normal"],
+        image_size=12,
+        test_fraction=0.34,
+        val_fraction=0.34,
+    )
     assert ds.class_names == ("COVID", "Lung_Opacity", "Normal") and ds.input_shape == (1, 12, 12)
     assert np.bincount(ds.test.y).tolist() == [3, 1, 4] and np.bincount(ds.val.y).tolist() == [3, 1, 4]
     every = greys(ds, ds.train) + greys(ds, ds.val) + greys(ds, ds.test)
@@ -50,19 +55,21 @@ def test_classes_key_sets_label_order_and_size(tmp_path):
 def test_three_images_of_a_class_cannot_fill_three_splits_at_the_default_fractions(tmp_path):
     write_covid(tmp_path / "db", COUNTS)
     with pytest.raises(ConfigError, match=r"class 'Lung_Opacity' has 3 cases in .*db.*0 for validation") as err:
-        load(tmp_path / "db", classes=["Normal", "Lung_Opacity"])   # 1 test (0.6), 0 val (0.3)
+        load(tmp_path / "db", classes=["Normal", "Lung_Opacity"])  # 1 test (0.6), 0 val (0.3)
     assert err.value.key == "data.val_fraction"
 
 
 def test_split_is_deterministic(tmp_path):
     write_covid(tmp_path / "db", COUNTS)
+
     def split_greys(**kw):
         ds = load(tmp_path / "db", image_size=8, **kw)
         return tuple(greys(ds, ds.val)), tuple(greys(ds, ds.test))
+
     assert split_greys() == split_greys()
     assert len({split_greys(split_seed=s)[1] for s in range(5)}) > 1
     assert len({split_greys(split_seed=s)[0] for s in range(5)}) > 1
-    assert split_greys(val_fraction=0.3)[1] == split_greys()[1]   # test set unchanged by val_fraction
+    assert split_greys(val_fraction=0.3)[1] == split_greys()[1]  # test set unchanged by val_fraction
 
 
 def test_missing_or_empty_class_folder_is_named(tmp_path):

@@ -21,9 +21,11 @@ def load(path, **kw):
 
 def by_hand(arrays, split, rgb=False):
     """The split's raw images in [0, 1], channels first, and the training split's per-channel statistics."""
+
     def raw(s):
         x = arrays[f"{s}_images"].astype(np.float64) / 255.0
         return x.transpose(0, 3, 1, 2) if rgb else x[:, None]
+
     train = raw("train")
     mean = np.array([train[:, c].mean() for c in range(train.shape[1])])
     std = np.array([np.sqrt(((train[:, c] - mean[c]) ** 2).mean()) for c in range(train.shape[1])])
@@ -32,8 +34,7 @@ def by_hand(arrays, split, rgb=False):
 
 def assert_standardised(got, arrays, split, rgb=False):
     x, mean, std = by_hand(arrays, split, rgb)
-    np.testing.assert_allclose(got, (x - mean[None, :, None, None]) / std[None, :, None, None],
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, (x - mean[None, :, None, None]) / std[None, :, None, None], rtol=1e-5, atol=1e-5)
 
 
 def test_grey_images_become_channels_first_floats(tmp_path):
@@ -91,11 +92,14 @@ def test_num_classes_spans_every_split(tmp_path):
     assert ds.num_classes == 4 and ds.class_names == ("class0", "class1", "class2", "class3")
 
 
-@pytest.mark.parametrize("labels, message", [
-    ({"train": [0, 1, 0], "val": [1, 0], "test": [2, 1, 0]}, "class 'class2' has no image in the train split"),
-    ({"train": [0, 1, 0], "val": [1, 1], "test": [1, 0]}, "class 'class0' has no image in the val split"),
-    ({"train": [0, 1, 0], "val": [1, 0], "test": [0, 0]}, "class 'class1' has no image in the test split"),
-])
+@pytest.mark.parametrize(
+    "labels, message",
+    [
+        ({"train": [0, 1, 0], "val": [1, 0], "test": [2, 1, 0]}, "class 'class2' has no image in the train split"),
+        ({"train": [0, 1, 0], "val": [1, 1], "test": [1, 0]}, "class 'class0' has no image in the val split"),
+        ({"train": [0, 1, 0], "val": [1, 0], "test": [0, 0]}, "class 'class1' has no image in the test split"),
+    ],
+)
 def test_a_class_absent_from_a_split_is_an_error(tmp_path, labels, message):
     write_medmnist(tmp_path / "x.npz", labels)
     with pytest.raises(ConfigError, match=rf"x\.npz.*{message}") as err:
@@ -122,13 +126,16 @@ def test_missing_key_is_named(tmp_path):
     assert err.value.key == "data.path"
 
 
-@pytest.mark.parametrize("key, bad", [
-    ("train_images", np.zeros((6, 8, 8), np.float32)),
-    ("train_images", np.zeros((6, 8, 8, 2), np.uint8)),
-    ("train_labels", np.zeros((6, 3), np.uint8)),
-    ("test_labels", np.zeros((2, 1), np.uint8)),
-    ("val_labels", -np.ones((2, 1), np.int64)),
-])
+@pytest.mark.parametrize(
+    "key, bad",
+    [
+        ("train_images", np.zeros((6, 8, 8), np.float32)),
+        ("train_images", np.zeros((6, 8, 8, 2), np.uint8)),
+        ("train_labels", np.zeros((6, 3), np.uint8)),
+        ("test_labels", np.zeros((2, 1), np.uint8)),
+        ("val_labels", -np.ones((2, 1), np.int64)),
+    ],
+)
 def test_malformed_arrays_are_errors(tmp_path, key, bad):
     path = tmp_path / "x.npz"
     write_medmnist(path, LABELS)

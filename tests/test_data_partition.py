@@ -14,8 +14,19 @@ def labels_with(counts, seed=0):
     return np.random.default_rng(seed).permutation(labels)
 
 
-@pytest.mark.parametrize("n, skew, kept", [(10, 0.0, 10), (10, 0.6, 4), (10, 0.9, 1), (100, 0.2, 80),
-                                          (600, 0.6, 240), (50, 0.8, 10), (3, 0.7, 0), (7, 0.5, 3)])
+@pytest.mark.parametrize(
+    "n, skew, kept",
+    [
+        (10, 0.0, 10),
+        (10, 0.6, 4),
+        (10, 0.9, 1),
+        (100, 0.2, 80),
+        (600, 0.6, 240),
+        (50, 0.8, 10),
+        (3, 0.7, 0),
+        (7, 0.5, 3),
+    ],
+)
 def test_kept_after_skew_is_floor_of_kept_fraction(n, skew, kept):
     assert kept_after_skew(n, skew) == kept
 
@@ -112,7 +123,7 @@ def test_partitions_are_nested_across_skews(skew_mode, clients, counts):
     parts = [make_partition(labels, num_classes, clients, s, 20, seed=11, skew_mode=skew_mode) for s in SKEWS]
     for s, part in zip(SKEWS, parts):
         everything = np.concatenate(part.train_indices)
-        assert len(np.unique(everything)) == len(everything)           # disjoint across clients
+        assert len(np.unique(everything)) == len(everything)  # disjoint across clients
         assert everything.min() >= 0 and everything.max() < len(labels)
         for i, idx in enumerate(part.train_indices):
             expert = i % num_classes
@@ -123,8 +134,7 @@ def test_partitions_are_nested_across_skews(skew_mode, clients, counts):
         for i, (a, b) in enumerate(zip(as_sets(lower), as_sets(higher))):
             assert b <= a, f"client {i}: images at the higher skew are not a subset of the lower skew's"
             expert = i % num_classes
-            assert (by_class(labels, lower.train_indices[i], expert)
-                    == by_class(labels, higher.train_indices[i], expert))
+            assert by_class(labels, lower.train_indices[i], expert) == by_class(labels, higher.train_indices[i], expert)
 
 
 def test_partitions_are_nested_across_images_per_class():
@@ -161,8 +171,9 @@ def test_authors_mode_still_refuses_an_emptied_class():
         make_partition(labels_with([100, 100]), 2, 4, 0.9, 5, seed=0, skew_mode="authors")
     assert err.value.key == "data.skew" and "client 0" in str(err.value)
     # at the same skew, only expert-in-0 clients lose images: 2 clients expert in 1 would be fine
-    assert make_partition(labels_with([100, 100]), 2, 2, 0.9, 10, seed=0, skew_mode="authors"
-                          ).train_counts.tolist() == [[10, 1], [10, 10]]
+    assert make_partition(
+        labels_with([100, 100]), 2, 2, 0.9, 10, seed=0, skew_mode="authors"
+    ).train_counts.tolist() == [[10, 1], [10, 10]]
 
 
 def test_unknown_skew_mode_is_an_error():

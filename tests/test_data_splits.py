@@ -16,7 +16,7 @@ def labels(counts, seed=0):
 
 
 def split(y, **kw):
-    return stratified_split(y, DataConfig(**kw), NAMES[:int(y.max()) + 1], "fixture.csv")
+    return stratified_split(y, DataConfig(**kw), NAMES[: int(y.max()) + 1], "fixture.csv")
 
 
 def test_splits_are_disjoint_cover_everything_and_stratified_by_hand():
@@ -54,10 +54,10 @@ def test_val_fraction_never_changes_the_test_set(val_fraction):
 
 def test_a_class_too_small_for_a_split_names_the_key_and_source():
     with pytest.raises(ConfigError, match=r"class 'b' has 4 cases in fixture\.csv.*0 for validation") as err:
-        split(labels([20, 4]), test_fraction=0.25, val_fraction=0.1)   # b: 1 test, round(0.4) = 0 val
+        split(labels([20, 4]), test_fraction=0.25, val_fraction=0.1)  # b: 1 test, round(0.4) = 0 val
     assert err.value.key == "data.val_fraction"
     with pytest.raises(ConfigError, match=r"class 'b' has 3 cases.*0 for training") as err:
-        split(labels([20, 3]), test_fraction=0.34, val_fraction=0.5)   # b: 1 test, 2 val, 0 train
+        split(labels([20, 3]), test_fraction=0.34, val_fraction=0.5)  # b: 1 test, 2 val, 0 train
     assert err.value.key == "data.val_fraction"
     with pytest.raises(ConfigError, match=r"class 'a' has 2 cases.*0 for test") as err:
         split(labels([2, 20]))
@@ -99,11 +99,10 @@ def naive_stats(x):
 
 def test_images_are_standardised_per_channel_with_training_statistics():
     rng = np.random.default_rng(0)
-    raw = [rng.random((n, 3, 5, 4)).astype(np.float32) * np.float32([0.5, 2.0, 1.0])[:, None, None]
-           for n in (12, 5, 7)]
-    raw[0][:, 2] = 0.25                                  # a constant training channel: std 0 -> 1
+    raw = [rng.random((n, 3, 5, 4)).astype(np.float32) * np.float32([0.5, 2.0, 1.0])[:, None, None] for n in (12, 5, 7)]
+    raw[0][:, 2] = 0.25  # a constant training channel: std 0 -> 1
     raw[2][:, 2] = 0.75
-    raw[1] += 1.0                                        # val lies off the training distribution
+    raw[1] += 1.0  # val lies off the training distribution
     splits = [Arrays(x, np.zeros(len(x), np.int64)) for x in raw]
     train, val, test, stats = standardise(*splits, unit="images")
     mean, std = naive_stats(raw[0])
@@ -118,8 +117,8 @@ def test_images_are_standardised_per_channel_with_training_statistics():
         assert got.x.dtype == np.float32 and got.x.shape == x.shape
     np.testing.assert_allclose(train.x.mean(axis=(0, 2, 3)), 0.0, atol=1e-5)
     np.testing.assert_allclose(train.x.std(axis=(0, 2, 3)), [1.0, 1.0, 0.0], atol=1e-5)
-    np.testing.assert_allclose(test.x[:, 2], 0.5, atol=1e-6)   # (0.75 - 0.25) / 1
-    assert val.x.mean(axis=(0, 2, 3)).min() > 0.4        # val is not re-centred on itself
+    np.testing.assert_allclose(test.x[:, 2], 0.5, atol=1e-6)  # (0.75 - 0.25) / 1
+    assert val.x.mean(axis=(0, 2, 3)).min() > 0.4  # val is not re-centred on itself
 
 
 def test_tabular_data_is_standardised_per_feature_and_stats_are_plain_yaml():

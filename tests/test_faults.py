@@ -23,10 +23,12 @@ FAIL_RANK, FAIL_ROUND = 1, 2
 SMALL = ["clients=3", "rounds=5", "device=cpu"]
 WHERE = f"rank {FAIL_RANK}, round {FAIL_ROUND}"
 # Each place is tried with the algorithm whose peers wait in a different operation there.
-PLACES = {"before_exchange": "codistill",   # peers wait in the p2p exchange
-          "in_exchange": "fedavg",          # peers wait in the Allreduce
-          "after_epoch": "fedamp",          # peers wait in the Allgather
-          "in_write": "codistill"}          # peers wait in the collective HDF5 write
+PLACES = {
+    "before_exchange": "codistill",  # peers wait in the p2p exchange
+    "in_exchange": "fedavg",  # peers wait in the Allreduce
+    "after_epoch": "fedamp",  # peers wait in the Allgather
+    "in_write": "codistill",
+}  # peers wait in the collective HDF5 write
 
 
 class Outcome:
@@ -45,10 +47,24 @@ class Outcome:
 def launch(out: Path, *overrides: str, timeout: float = 180) -> Outcome:
     """mpicd run under mpiexec, every output line time-stamped as it arrives (start-up on this
     loaded 2-core box can take long; what matters is the time from the fault to the job's end)."""
-    command = ["mpiexec", "-n", str(RANKS), "--oversubscribe", sys.executable, "-m", "mpicd", "run",
-               str(QUICKSTART), *SMALL, *overrides, "--out", str(out)]
-    process = subprocess.Popen(command, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    command = [
+        "mpiexec",
+        "-n",
+        str(RANKS),
+        "--oversubscribe",
+        sys.executable,
+        "-m",
+        "mpicd",
+        "run",
+        str(QUICKSTART),
+        *SMALL,
+        *overrides,
+        "--out",
+        str(out),
+    ]
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     lines: list[tuple[float, str]] = []
     reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in process.stdout))
     reader.start()
@@ -104,21 +120,38 @@ def assert_failed_cleanly(result: Outcome, out: Path, message: str) -> None:
 @pytest.mark.parametrize("place", list(PLACES))
 def test_a_failing_rank_ends_the_job_and_keeps_the_finished_rounds(tmp_path, place, kind, repeat):
     out = tmp_path / f"{place}-{kind}-{repeat}.h5"
-    result = launch(out, f"algorithm={PLACES[place]}", f"debug.fail_rank={FAIL_RANK}",
-                             f"debug.fail_round={FAIL_ROUND}", f"debug.fail_kind={kind}", f"debug.fail_at={place}")
-    expected = (f"mpicd: {WHERE} failed: injected fault" if kind == "exception"
-                else f"mpicd: {WHERE}: injected fault debug.fail_kind={kind} at {place}")
+    result = launch(
+        out,
+        f"algorithm={PLACES[place]}",
+        f"debug.fail_rank={FAIL_RANK}",
+        f"debug.fail_round={FAIL_ROUND}",
+        f"debug.fail_kind={kind}",
+        f"debug.fail_at={place}",
+    )
+    expected = (
+        f"mpicd: {WHERE} failed: injected fault"
+        if kind == "exception"
+        else f"mpicd: {WHERE}: injected fault debug.fail_kind={kind} at {place}"
+    )
     assert_failed_cleanly(result, out, expected)
 
 
 @pytest.mark.parametrize("place", ["before_exchange", "in_exchange"])
 def test_a_hung_rank_is_ended_by_the_watchdog_naming_rank_and_round(tmp_path, place):
     out = tmp_path / f"hang-{place}.h5"
-    result = launch(out, f"algorithm={PLACES[place]}", f"debug.fail_rank={FAIL_RANK}",
-                             f"debug.fail_round={FAIL_ROUND}", "debug.fail_kind=hang", f"debug.fail_at={place}",
-                             "timeout.round_seconds=4")
+    result = launch(
+        out,
+        f"algorithm={PLACES[place]}",
+        f"debug.fail_rank={FAIL_RANK}",
+        f"debug.fail_round={FAIL_ROUND}",
+        "debug.fail_kind=hang",
+        f"debug.fail_at={place}",
+        "timeout.round_seconds=4",
+    )
     assert_failed_cleanly(result, out, f"mpicd: {WHERE}: the round took longer than timeout.round_seconds=4 s")
-    assert "while this rank was hanging on purpose" in result.stderr or "while this rank was waiting in" in result.stderr
+    assert (
+        "while this rank was hanging on purpose" in result.stderr or "while this rank was waiting in" in result.stderr
+    )
 
 
 def test_the_watchdog_lets_a_normal_run_finish(tmp_path):
@@ -128,15 +161,24 @@ def test_the_watchdog_lets_a_normal_run_finish(tmp_path):
     assert completed_rounds(out) == 5
 
 
-@pytest.mark.parametrize("place, algorithm, message", [
-    ("after_epoch", "fedavg", "the model holds NaN or inf after the local epoch"),
-    ("in_exchange", "fedavg", "values about to be sent (allreduce) are NaN or inf; nothing was sent"),
-    ("before_exchange", "codistill", "the model holds NaN or inf at the start of the round"),
-])
+@pytest.mark.parametrize(
+    "place, algorithm, message",
+    [
+        ("after_epoch", "fedavg", "the model holds NaN or inf after the local epoch"),
+        ("in_exchange", "fedavg", "values about to be sent (allreduce) are NaN or inf; nothing was sent"),
+        ("before_exchange", "codistill", "the model holds NaN or inf at the start of the round"),
+    ],
+)
 def test_nan_aborts_by_default_naming_rank_and_round(tmp_path, place, algorithm, message):
     out = tmp_path / f"nan-{place}.h5"
-    result = launch(out, f"algorithm={algorithm}", f"debug.fail_rank={FAIL_RANK}",
-                             f"debug.fail_round={FAIL_ROUND}", "debug.fail_kind=nan", f"debug.fail_at={place}")
+    result = launch(
+        out,
+        f"algorithm={algorithm}",
+        f"debug.fail_rank={FAIL_RANK}",
+        f"debug.fail_round={FAIL_ROUND}",
+        "debug.fail_kind=nan",
+        f"debug.fail_at={place}",
+    )
     assert_failed_cleanly(result, out, f"mpicd: {WHERE}")
     assert message in result.stderr
 
@@ -151,16 +193,31 @@ def test_a_diverging_loss_aborts_before_its_backward_pass(tmp_path):
 
 def read(out: Path) -> dict:
     with h5py.File(out, "r") as f:
-        return {"skipped": f["metrics/skipped"][()], "train_extra": f["metrics/train_extra"][()],
-                "minority": f["metrics/minority_acc"][()], "teacher": f["comm/teacher"][()],
-                "sent": f["metrics/bytes_sent"][()], "recv": f["metrics/bytes_recv"][()],
-                "done": int(f.attrs["completed_rounds"])}
+        return {
+            "skipped": f["metrics/skipped"][()],
+            "train_extra": f["metrics/train_extra"][()],
+            "minority": f["metrics/minority_acc"][()],
+            "teacher": f["comm/teacher"][()],
+            "sent": f["metrics/bytes_sent"][()],
+            "recv": f["metrics/bytes_recv"][()],
+            "done": int(f.attrs["completed_rounds"]),
+        }
 
 
 def test_skip_drops_a_fedavg_update_and_records_it(tmp_path):
     clean, faulty = tmp_path / "clean.h5", tmp_path / "faulty.h5"
-    for out, extra in ((clean, []), (faulty, [f"debug.fail_rank={FAIL_RANK}", f"debug.fail_round={FAIL_ROUND}",
-                                              "debug.fail_kind=nan", "debug.fail_at=after_epoch"])):
+    for out, extra in (
+        (clean, []),
+        (
+            faulty,
+            [
+                f"debug.fail_rank={FAIL_RANK}",
+                f"debug.fail_round={FAIL_ROUND}",
+                "debug.fail_kind=nan",
+                "debug.fail_at=after_epoch",
+            ],
+        ),
+    ):
         result = launch(out, "algorithm=fedavg", "on_nonfinite=skip", *extra)
         assert result.returncode == 0, result.stderr
     a, b = read(clean), read(faulty)
@@ -170,15 +227,22 @@ def test_skip_drops_a_fedavg_update_and_records_it(tmp_path):
     np.testing.assert_array_equal(a["skipped"], 0)
     assert b["done"] == 5 and np.isfinite(b["minority"]).all()
     np.testing.assert_array_equal(a["minority"][:FAIL_ROUND], b["minority"][:FAIL_ROUND])  # same until the fault
-    assert not np.array_equal(a["minority"][FAIL_ROUND:], b["minority"][FAIL_ROUND:])   # a different average
+    assert not np.array_equal(a["minority"][FAIL_ROUND:], b["minority"][FAIL_ROUND:])  # a different average
     np.testing.assert_array_equal(a["sent"], b["sent"])  # the protocol's bytes: the dropped rank sends zeros
     assert "on_nonfinite=skip: this client's update of the round is dropped" in result.stdout
 
 
 def test_skip_makes_a_codistill_teacher_send_nothing(tmp_path):
     out = tmp_path / "codistill.h5"
-    result = launch(out, "algorithm=codistill", "on_nonfinite=skip", f"debug.fail_rank={FAIL_RANK}",
-                       f"debug.fail_round={FAIL_ROUND}", "debug.fail_kind=nan", "debug.fail_at=before_exchange")
+    result = launch(
+        out,
+        "algorithm=codistill",
+        "on_nonfinite=skip",
+        f"debug.fail_rank={FAIL_RANK}",
+        f"debug.fail_round={FAIL_ROUND}",
+        "debug.fail_kind=nan",
+        "debug.fail_at=before_exchange",
+    )
     assert result.returncode == 0, result.stderr
     r = read(out)
     teacher = r["teacher"][FAIL_ROUND]
@@ -196,17 +260,27 @@ def test_skip_makes_a_codistill_teacher_send_nothing(tmp_path):
 
 def test_collective_layouts_are_agreed_and_a_mismatch_names_the_rank():
     driver = ROOT / "tests" / "drivers" / "layout_mismatch.py"
-    result = subprocess.run(["mpiexec", "-n", "3", "--oversubscribe", sys.executable, str(driver)], cwd=ROOT,
-                            env=mpi_env(), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["mpiexec", "-n", "3", "--oversubscribe", sys.executable, str(driver)],
+        cwd=ROOT,
+        env=mpi_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0
-    assert "allreduce layouts differ: rank 2 passes 12 bytes of float32, rank 0 passes 8 bytes of float32" in \
-        result.stderr, result.stderr
+    assert (
+        "allreduce layouts differ: rank 2 passes 12 bytes of float32, rank 0 passes 8 bytes of float32" in result.stderr
+    ), result.stderr
 
 
-@pytest.mark.parametrize("where, extra, message", [
-    ("under_a_file", [], "output: cannot write in"),
-    ("no_room", ["rounds=1000000000"], "MiB free; this run needs about"),
-])
+@pytest.mark.parametrize(
+    "where, extra, message",
+    [
+        ("under_a_file", [], "output: cannot write in"),
+        ("no_room", ["rounds=1000000000"], "MiB free; this run needs about"),
+    ],
+)
 def test_an_output_location_that_cannot_hold_the_results_is_refused_before_training(tmp_path, where, extra, message):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")

@@ -5,8 +5,14 @@ import pytest
 import torch
 
 from mpicd.algorithms.base import Batch, Context
-from mpicd.algorithms.fedamp import (FedAMP, FedAMPParams, cloud_model, cosine_weights, gaussian_weights,
-                                     squared_distances)
+from mpicd.algorithms.fedamp import (
+    FedAMP,
+    FedAMPParams,
+    cloud_model,
+    cosine_weights,
+    gaussian_weights,
+    squared_distances,
+)
 from mpicd.algorithms.fedavg import flatten
 from mpicd.models import build_model, num_parameters
 from mpicd.results import Results
@@ -33,10 +39,20 @@ def make(params, others_offsets=(0.01, 0.03)):
     torch.manual_seed(0)
     model = build_model("mlp", (5,), 2, 4, 7)
     mine = flatten(list(model.parameters()))
-    others = [(mine + np.float32(o) * np.sin(np.arange(len(mine)) + i)).astype(np.float32)
-              for i, o in enumerate(others_offsets)]
-    ctx = Context(comm=GatherComm(others), model=model, device=torch.device("cpu"), seed=0, num_classes=2,
-                  expertise=np.array([0, 1, 0]), train_x=torch.randn(8, 5), train_y=torch.arange(8) % 2)
+    others = [
+        (mine + np.float32(o) * np.sin(np.arange(len(mine)) + i)).astype(np.float32)
+        for i, o in enumerate(others_offsets)
+    ]
+    ctx = Context(
+        comm=GatherComm(others),
+        model=model,
+        device=torch.device("cpu"),
+        seed=0,
+        num_classes=2,
+        expertise=np.array([0, 1, 0]),
+        train_x=torch.randn(8, 5),
+        train_y=torch.arange(8) % 2,
+    )
     return FedAMP(params, ctx), model
 
 

@@ -46,8 +46,13 @@ def naive(models: np.ndarray, i: int, similarity: str, alpha=0.0, sigma=1.0, sel
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 7), similarity=st.sampled_from(["gaussian", "cosine"]),
-       order=st.sampled_from(["ring", "random", "ascending", "descending"]), scale=st.sampled_from([10.0, 2000.0]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 7),
+    similarity=st.sampled_from(["gaussian", "cosine"]),
+    order=st.sampled_from(["ring", "random", "ascending", "descending"]),
+    scale=st.sampled_from([10.0, 2000.0]),
+)
 def test_streaming_accumulation_equals_the_two_pass_formulas(seed, n, similarity, order, scale):
     rng = np.random.default_rng(seed)
     p = 40
@@ -103,8 +108,9 @@ def test_ring_ends_every_round_like_the_allgather(ring_job, similarity):
     for r in range(ROUNDS):
         for a, b in zip(gathered, ringed):
             for name in ("pre", "xi", "cloud"):
-                np.testing.assert_allclose(b[f"{name}_{r}"], a[f"{name}_{r}"], rtol=1e-5, atol=1e-8,
-                                           err_msg=f"{name} round {r}")
+                np.testing.assert_allclose(
+                    b[f"{name}_{r}"], a[f"{name}_{r}"], rtol=1e-5, atol=1e-8, err_msg=f"{name} round {r}"
+                )
 
 
 @pytest.mark.parametrize("similarity", ["gaussian", "cosine"])
@@ -150,7 +156,12 @@ def test_ring_on_pneumonia_from_the_cli_stops_and_resumes_like_an_uninterrupted_
     metrics and bytes as an uninterrupted run (xi and the cloud model are carried state)."""
     data = require_pneumonia()
     config = ROOT / "configs" / "pneumoniamnist.yaml"
-    overrides = ["rounds=5", "data.images_per_class=30", f"data.path={data}", "algorithm={name: fedamp, exchange: ring}"]
+    overrides = [
+        "rounds=5",
+        "data.images_per_class=30",
+        f"data.path={data}",
+        "algorithm={name: fedamp, exchange: ring}",
+    ]
     reference = tmp_path / "reference.h5"
     mpicd_run(4, config, reference, *overrides, timeout=400)
     whole = Results(reference)

@@ -26,8 +26,16 @@ class SummingComm:
 
 def context(model, comm, n):
     x, y = torch.randn(n, 8), torch.arange(n) % 2
-    return Context(comm=comm, model=model, device=torch.device("cpu"), seed=0, num_classes=2,
-                   expertise=np.array([0, 1]), train_x=x, train_y=y)
+    return Context(
+        comm=comm,
+        model=model,
+        device=torch.device("cpu"),
+        seed=0,
+        num_classes=2,
+        expertise=np.array([0, 1]),
+        train_x=x,
+        train_y=y,
+    )
 
 
 def test_payload_is_n_theta_then_n_and_the_result_is_the_weighted_mean():

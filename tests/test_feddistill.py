@@ -34,8 +34,16 @@ class PlusComm:
 def make(params, other):
     torch.manual_seed(0)
     model = build_model("mlp", (5,), 3, 4, 7)
-    ctx = Context(comm=PlusComm(other), model=model, device=torch.device("cpu"), seed=0, num_classes=3,
-                  expertise=np.array([0, 1]), train_x=torch.randn(12, 5), train_y=torch.arange(12) % 3)
+    ctx = Context(
+        comm=PlusComm(other),
+        model=model,
+        device=torch.device("cpu"),
+        seed=0,
+        num_classes=3,
+        expertise=np.array([0, 1]),
+        train_x=torch.randn(12, 5),
+        train_y=torch.arange(12) % 3,
+    )
     return FedDistill(params, ctx), model
 
 
@@ -46,7 +54,7 @@ def batch(model, x, y):
 
 def test_teacher_with_and_without_the_own_contribution():
     c = 2
-    own = np.array([1, 2, 0, 0, 1, 0], dtype=np.float32)          # has class 0 only
+    own = np.array([1, 2, 0, 0, 1, 0], dtype=np.float32)  # has class 0 only
     total = own + np.array([3, 4, 5, 6, 1, 1], dtype=np.float32)  # another client has both
     logits, has = teacher_logits(total, own, c, exclude_self=False)
     np.testing.assert_allclose(logits, [[2, 3], [5, 6]])
@@ -63,8 +71,10 @@ def test_default_teacher_leaves_this_client_out():
     the teacher is [3, 4] (the others' mean), with ``exclude_self: false`` it is [2, 3]."""
     assert FedDistillParams().exclude_self is True
     other = np.array([3, 4, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0], dtype=np.float32)  # 3 classes, class 0 only
-    for params, expected in ((FedDistillParams(), [3.0, 4.0, 0.0]),
-                             (FedDistillParams(exclude_self=False), [2.0, 3.0, 0.0])):
+    for params, expected in (
+        (FedDistillParams(), [3.0, 4.0, 0.0]),
+        (FedDistillParams(exclude_self=False), [2.0, 3.0, 0.0]),
+    ):
         algorithm, _ = make(params, other)
         algorithm.before_epoch(0)
         algorithm.local.add(torch.tensor([[1.0, 2.0, 0.0]]), torch.tensor([0]))
@@ -135,8 +145,8 @@ def test_teachers_are_the_serial_recomputation_over_the_other_ranks(baselines, v
         assert sent.shape == (ranks, c * (c + 1)) and sent.dtype == np.float32  # 4 C (C + 1) bytes
         means = np.where(seen[:, :, None] > 0, sums / np.maximum(seen, 1)[:, :, None], 0.0)
         np.testing.assert_allclose(sent[:, : c * c], means.reshape(ranks, -1), rtol=1e-5, atol=1e-5)
-        np.testing.assert_array_equal(sent[:, c * c:], seen > 0)
-        assert list(sent[0, c * c:]) == [1, 0]  # class 1 absent on rank 0
+        np.testing.assert_array_equal(sent[:, c * c :], seen > 0)
+        assert list(sent[0, c * c :]) == [1, 0]  # class 1 absent on rank 0
         for rank, x in enumerate(dumps):
             np.testing.assert_allclose(x[f"received_{r}"], sent.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-5)
             targets, has = naive_teacher(sums, seen, rank, exclude_self)

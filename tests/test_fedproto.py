@@ -35,8 +35,16 @@ class EchoComm:
 def make(params=None, classes=3, d=4, other=None):
     torch.manual_seed(0)
     model = build_model("mlp", (5,), classes, d, 7)
-    ctx = Context(comm=EchoComm(other), model=model, device=torch.device("cpu"), seed=0, num_classes=classes,
-                  expertise=np.array([0]), train_x=torch.randn(12, 5), train_y=torch.arange(12) % classes)
+    ctx = Context(
+        comm=EchoComm(other),
+        model=model,
+        device=torch.device("cpu"),
+        seed=0,
+        num_classes=classes,
+        expertise=np.array([0]),
+        train_x=torch.randn(12, 5),
+        train_y=torch.arange(12) % classes,
+    )
     return FedProto(params or FedProtoParams(), ctx), model
 
 
@@ -55,7 +63,7 @@ def test_per_class_means_and_an_absent_class():
     assert payload.dtype == np.float32 and payload.flags.c_contiguous and payload.shape == (3 * 2 + 3,)
     means, flags = stats.split(payload)
     np.testing.assert_allclose(means, [[2, 3], [0, 0], [6, 7.5]])  # class 1 absent: zero row
-    np.testing.assert_array_equal(flags, [1, 0, 1])                 # ... and flag 0
+    np.testing.assert_array_equal(flags, [1, 0, 1])  # ... and flag 0
     weighted = stats.payload(weighted=True)
     assert weighted.dtype == np.float32 and weighted.shape == (3 * 2 + 3,)
     sums, counts = stats.split(weighted)
@@ -72,16 +80,18 @@ def test_global_prototype_is_the_mean_over_the_clients_that_have_the_class():
     np.testing.assert_array_equal(has, [True, False, True])
 
 
-@pytest.mark.parametrize("weighting, expected", [
-    ("samples", [[(1 * 1 + 3 * 4) / 4, (1 * 2 + 3 * 5) / 4], [7, 8]]),  # Eq. 6: n_ic / N_c
-    ("equal", [[(1 + 4) / 2, (2 + 5) / 2], [7, 8]]),                    # the reference code
-])
+@pytest.mark.parametrize(
+    "weighting, expected",
+    [
+        ("samples", [[(1 * 1 + 3 * 4) / 4, (1 * 2 + 3 * 5) / 4], [7, 8]]),  # Eq. 6: n_ic / N_c
+        ("equal", [[(1 + 4) / 2, (2 + 5) / 2], [7, 8]]),  # the reference code
+    ],
+)
 def test_two_clients_with_different_counts(weighting, expected):
     """This client saw class 0 once (feature [1, 2]); the other saw it 3 times (mean [4, 5]) and
     class 1 twice (mean [7, 8]): the default weights the means by those counts, equal does not."""
     other = {"samples": [12, 15, 14, 16, 3, 2], "equal": [4, 5, 7, 8, 1, 1]}[weighting]
-    algorithm, _ = make(FedProtoParams(weighting=weighting), classes=2, d=2,
-                        other=np.array(other, dtype=np.float32))
+    algorithm, _ = make(FedProtoParams(weighting=weighting), classes=2, d=2, other=np.array(other, dtype=np.float32))
     algorithm.before_epoch(0)
     algorithm.local.add(torch.tensor([[1.0, 2.0]]), torch.tensor([0]))
     algorithm.after_epoch(0)
@@ -158,7 +168,7 @@ def naive_prototypes(sums: np.ndarray, seen: np.ndarray, weighting: str) -> tupl
         has[c] = True
         if weighting == "samples":  # sum_i n_ic mean_ic / sum_i n_ic
             prototypes[c] = sum(sums[i, c] for i in holders) / sum(seen[i, c] for i in holders)
-        else:                       # (1 / |N_c|) sum_i mean_ic
+        else:  # (1 / |N_c|) sum_i mean_ic
             prototypes[c] = sum(sums[i, c] / seen[i, c] for i in holders) / len(holders)
     return prototypes, has
 
@@ -183,7 +193,7 @@ def test_global_prototypes_are_the_serial_recomputation_over_all_ranks(baselines
             rows = np.where(seen[:, :, None] > 0, sums / np.maximum(seen, 1)[:, :, None], 0.0)
             weights = (seen > 0).astype(float)
         np.testing.assert_allclose(sent[:, : c * d], rows.reshape(ranks, -1), rtol=1e-5, atol=1e-5)
-        np.testing.assert_array_equal(sent[:, c * d:], weights)
+        np.testing.assert_array_equal(sent[:, c * d :], weights)
         prototypes, has = naive_prototypes(sums, seen, weighting)
         assert has.all()  # rank 0 still gets the others' prototype of class 1
         for x in dumps:

@@ -36,39 +36,53 @@ class Key:
     """One setting as the README describes it: kind int | float | str | choice | list; bounds; null allowed."""
 
     kind: str
-    lo: float | None = None          # lower bound
-    lo_open: bool = False            # True: the bound itself is out (gt), else it is in (ge)
+    lo: float | None = None  # lower bound
+    lo_open: bool = False  # True: the bound itself is out (gt), else it is in (ge)
     hi: float | None = None
     hi_open: bool = True
     optional: bool = False
     choices: tuple = ()
-    always_bad: bool = False         # any non-null value is an error for the base (breast_cancer ignores it)
+    always_bad: bool = False  # any non-null value is an error for the base (breast_cancer ignores it)
 
 
 KEYS = {
-    "clients": Key("int", 1), "rounds": Key("int", 1), "seed": Key("int", 0),
-    "device": Key("choice", choices=("auto", "cpu", "cuda")), "output": Key("str"),
+    "clients": Key("int", 1),
+    "rounds": Key("int", 1),
+    "seed": Key("int", 0),
+    "device": Key("choice", choices=("auto", "cpu", "cuda")),
+    "output": Key("str"),
     "on_nonfinite": Key("choice", choices=("abort", "skip")),
     "data.name": Key("choice", choices=("breast_cancer", "medmnist", "aptos", "covid")),
     "data.path": Key("str", optional=True, always_bad=True),
     "data.image_size": Key("int", 8, optional=True, always_bad=True),
     "data.classes": Key("list", optional=True, always_bad=True),
-    "data.test_fraction": Key("float", 0, True, 1), "data.val_fraction": Key("float", 0, True, 1),
-    "data.split_seed": Key("int", 0), "data.images_per_class": Key("int", 1, optional=True),
-    "data.skew": Key("float", 0, False, 1), "data.skew_mode": Key("choice", choices=("symmetric", "authors")),
+    "data.test_fraction": Key("float", 0, True, 1),
+    "data.val_fraction": Key("float", 0, True, 1),
+    "data.split_seed": Key("int", 0),
+    "data.images_per_class": Key("int", 1, optional=True),
+    "data.skew": Key("float", 0, False, 1),
+    "data.skew_mode": Key("choice", choices=("symmetric", "authors")),
     "model.name": Key("choice", choices=("auto", "lenet", "fedavgcnn", "mlp", "resnet18")),
-    "model.feature_dim": Key("int", 1, hi=65536, hi_open=False), "model.hidden": Key("int", 1, hi=65536, hi_open=False),
-    "train.optimizer": Key("choice", choices=("adam", "sgd")), "train.lr": Key("float", 0, True),
-    "train.momentum": Key("float", 0, False, 1), "train.weight_decay": Key("float", 0),
-    "train.batch_size": Key("int", 1), "train.local_epochs": Key("int", 1), "train.eval_batch_size": Key("int", 1),
+    "model.feature_dim": Key("int", 1, hi=65536, hi_open=False),
+    "model.hidden": Key("int", 1, hi=65536, hi_open=False),
+    "train.optimizer": Key("choice", choices=("adam", "sgd")),
+    "train.lr": Key("float", 0, True),
+    "train.momentum": Key("float", 0, False, 1),
+    "train.weight_decay": Key("float", 0),
+    "train.batch_size": Key("int", 1),
+    "train.local_epochs": Key("int", 1),
+    "train.eval_batch_size": Key("int", 1),
     "checkpoint.every": Key("int", 0),
-    "debug.fail_rank": Key("int", 0, optional=True), "debug.fail_round": Key("int", 0),
+    "debug.fail_rank": Key("int", 0, optional=True),
+    "debug.fail_round": Key("int", 0),
     "debug.fail_kind": Key("choice", choices=("exception", "exit", "kill", "hang", "nan")),
     "debug.fail_at": Key("choice", choices=("before_exchange", "in_exchange", "after_epoch", "in_write")),
     "timeout.round_seconds": Key("float", 0, True, optional=True),
-    "algorithm.name": Key("choice", choices=("codistill", "local", "fedavg", "fedproto", "feddistill", "fedamp",
-                                             "centralized")),
-    "algorithm.lambda": Key("float", 0), "algorithm.k": Key("int", 1, choices=("all",)),
+    "algorithm.name": Key(
+        "choice", choices=("codistill", "local", "fedavg", "fedproto", "feddistill", "fedamp", "centralized")
+    ),
+    "algorithm.lambda": Key("float", 0),
+    "algorithm.k": Key("int", 1, choices=("all",)),
     "algorithm.teacher_per": Key("choice", choices=("round", "batch")),
     "algorithm.classes": Key("choice", choices=("expertise", "all")),
 }
@@ -76,11 +90,20 @@ SECTIONS = ("data", "model", "train", "checkpoint", "debug", "timeout", "algorit
 KNOWN = {section: {k.split(".")[1] for k in KEYS if k.startswith(section + ".")} for section in SECTIONS}
 KNOWN[""] = {k for k in KEYS if "." not in k} | set(SECTIONS)
 # A valid config for 2 ranks (the data limit: a client holds at most 74 training images of a class).
-BASE = {"clients": 2, "rounds": 1, "seed": 0, "device": "cpu", "output": "results/fuzz.h5",
-        "data": {"name": "breast_cancer", "skew": 0.6}, "model": {"name": "mlp", "feature_dim": 8, "hidden": 8},
-        "train": {"optimizer": "adam", "lr": 0.001, "batch_size": 32}, "checkpoint": {"every": 0},
-        "debug": {"fail_kind": "exception"}, "timeout": {"round_seconds": None},
-        "algorithm": {"name": "codistill", "lambda": 1.0, "k": "all"}}
+BASE = {
+    "clients": 2,
+    "rounds": 1,
+    "seed": 0,
+    "device": "cpu",
+    "output": "results/fuzz.h5",
+    "data": {"name": "breast_cancer", "skew": 0.6},
+    "model": {"name": "mlp", "feature_dim": 8, "hidden": 8},
+    "train": {"optimizer": "adam", "lr": 0.001, "batch_size": 32},
+    "checkpoint": {"every": 0},
+    "debug": {"fail_kind": "exception"},
+    "timeout": {"round_seconds": None},
+    "algorithm": {"name": "codistill", "lambda": 1.0, "k": "all"},
+}
 TOO_MANY_CLIENTS = 213  # breast_cancer has 212 malignant cases in all, so fewer training images than this
 
 
@@ -91,11 +114,16 @@ def test_the_hand_written_table_covers_every_declared_key():
 
 # --------------------------------------------------------------------------- values
 
+
 def not_numeric_text() -> st.SearchStrategy[str]:
     """Strings no one writes as a number: a letter other than e/E (or %, $, _) between optional digits."""
     middle = "".join(c for c in string.ascii_letters if c not in "eE") + "%$_"
-    return st.builds(lambda a, m, b: a + m + b, st.text("0123456789", max_size=3), st.text(middle, min_size=1,
-                     max_size=5), st.text("0123456789", max_size=3))
+    return st.builds(
+        lambda a, m, b: a + m + b,
+        st.text("0123456789", max_size=3),
+        st.text(middle, min_size=1, max_size=5),
+        st.text("0123456789", max_size=3),
+    )
 
 
 def other_types(*exclude: str) -> st.SearchStrategy:
@@ -103,8 +131,9 @@ def other_types(*exclude: str) -> st.SearchStrategy:
     kinds = {
         "bool": st.booleans(),
         "list": st.lists(st.integers(-3, 3) | st.text(string.ascii_letters, max_size=3), max_size=3),
-        "dict": st.dictionaries(st.text(string.ascii_lowercase, min_size=1, max_size=3), st.integers(0, 3),
-                                min_size=1, max_size=2),
+        "dict": st.dictionaries(
+            st.text(string.ascii_lowercase, min_size=1, max_size=3), st.integers(0, 3), min_size=1, max_size=2
+        ),
         "text": not_numeric_text() | st.sampled_from(["", " ", "１", "٣", "1e-3x", "0x1G", "1,5", "1 000"]),
         "fraction": st.floats(0.05, 1e6).filter(lambda v: v != int(v)),
         "nonfinite": st.sampled_from([math.nan, math.inf, -math.inf]),
@@ -116,8 +145,11 @@ def other_types(*exclude: str) -> st.SearchStrategy:
 
 def huge_int() -> st.SearchStrategy:
     """At or beyond 2**63: no numpy/torch/HDF5 integer holds it, written as an int or as people write it."""
-    return st.one_of(st.integers(2**63, 10**40), st.integers(-(10**40), -(2**63) - 1),
-                     st.sampled_from(["1e30", "1e300", "9" * 30, "1e999999999", "-1e30", 10**400]))
+    return st.one_of(
+        st.integers(2**63, 10**40),
+        st.integers(-(10**40), -(2**63) - 1),
+        st.sampled_from(["1e30", "1e300", "9" * 30, "1e999999999", "-1e30", 10**400]),
+    )
 
 
 def bad_value(name: str) -> st.SearchStrategy:
@@ -143,8 +175,7 @@ def bad_value(name: str) -> st.SearchStrategy:
         lo, hi = key.lo, key.hi
         below = st.floats(-1e300, lo, allow_nan=False).filter(lambda v: v <= lo if key.lo_open else v < lo)
         below |= st.integers(-(10**6), -1)
-        out = [below, other_types("int", "fraction", "nonfinite", *null), st.sampled_from([10**400, "1e400",
-                                                                                            "-1e400"])]
+        out = [below, other_types("int", "fraction", "nonfinite", *null), st.sampled_from([10**400, "1e400", "-1e400"])]
         out.append(st.sampled_from([math.nan, math.inf, -math.inf]))
         if hi is not None:
             out.append(st.floats(hi, 1e300, exclude_min=not key.hi_open, allow_nan=False) | st.integers(1, 10**30))
@@ -165,7 +196,7 @@ class Case:
 
     tree: object
     overrides: tuple[str, ...]
-    key: str                # the dotted key the message names ("" for the file itself)
+    key: str  # the dotted key the message names ("" for the file itself)
     raw: bytes | None = None
 
 
@@ -230,8 +261,14 @@ def unknown_key(draw) -> Case:
     tree = with_method(draw(base_tree()), section + ".")
     in_file = draw(st.booleans())
     names = IDENT | ODD_KEYS | (st.integers(-3, 3) | st.booleans() | st.none() if in_file else st.nothing())
-    name = draw(names.filter(lambda k: k not in KNOWN[section] and not (
-        not in_file and (not isinstance(k, str) or "\n" in k or not k.strip() or k.strip() != k))))
+    name = draw(
+        names.filter(
+            lambda k: (
+                k not in KNOWN[section]
+                and not (not in_file and (not isinstance(k, str) or "\n" in k or not k.strip() or k.strip() != k))
+            )
+        )
+    )
     value = draw(st.integers(0, 3) | st.text(string.ascii_letters, max_size=3))
     dotted = f"{section}.{shown(name)}" if section else shown(name)
     if in_file:
@@ -248,8 +285,7 @@ def key_under_a_value(draw) -> Case:
     inner = draw(IDENT)
     if draw(st.booleans()):
         return Case(place(tree, name, {inner: 1}), (), name)
-    return Case(tree, (f"{name}=1", f"{name}.{inner}=1") if KEYS[name].kind != "str" else
-                (f"{name}.{inner}=1",), name)
+    return Case(tree, (f"{name}=1", f"{name}.{inner}=1") if KEYS[name].kind != "str" else (f"{name}.{inner}=1",), name)
 
 
 @st.composite
@@ -270,13 +306,30 @@ def file_not_a_mapping(draw) -> Case:
     return Case(value, (), "")
 
 
-BROKEN_YAML = [b"rounds: [1\n", b"a: b: c\n", b"rounds:\t3\n\tseed: 1\n", b"rounds: 'abc\n", b"{\n",
-               b"- a\nb: 1\n", b"rounds: 3\n---\nseed: 1\n", b"rounds: *nowhere\n", b"? [a, b]\n: 1\n",
-               b"rounds: !!python/object/apply:os.system [true]\n", b"rounds: !!binary 'a'\n",
-               b"rounds: " + b"[" * 1200 + b"]" * 1200 + b"\n", b"rounds: 1" + b"0" * 5000 + b"\n",
-               b"rounds: 2\n\xff\xfe\n", b"output: caf\xe9.h5\n", b"\x00\x01\x02"]
-DUPLICATES = [(b"rounds: 3\nrounds: 5\n", "rounds"), (b"data:\n  skew: 0.2\n  skew: 0.4\n", "data.skew"),
-              (b"train: {lr: 0.1, lr: 0.2}\n", "train.lr"), (b"data: {}\ndata: {}\n", "data")]
+BROKEN_YAML = [
+    b"rounds: [1\n",
+    b"a: b: c\n",
+    b"rounds:\t3\n\tseed: 1\n",
+    b"rounds: 'abc\n",
+    b"{\n",
+    b"- a\nb: 1\n",
+    b"rounds: 3\n---\nseed: 1\n",
+    b"rounds: *nowhere\n",
+    b"? [a, b]\n: 1\n",
+    b"rounds: !!python/object/apply:os.system [true]\n",
+    b"rounds: !!binary 'a'\n",
+    b"rounds: " + b"[" * 1200 + b"]" * 1200 + b"\n",
+    b"rounds: 1" + b"0" * 5000 + b"\n",
+    b"rounds: 2\n\xff\xfe\n",
+    b"output: caf\xe9.h5\n",
+    b"\x00\x01\x02",
+]
+DUPLICATES = [
+    (b"rounds: 3\nrounds: 5\n", "rounds"),
+    (b"data:\n  skew: 0.2\n  skew: 0.4\n", "data.skew"),
+    (b"train: {lr: 0.1, lr: 0.2}\n", "train.lr"),
+    (b"data: {}\ndata: {}\n", "data"),
+]
 
 
 @st.composite
@@ -288,9 +341,19 @@ def broken_file(draw) -> Case:
     return Case(None, (), key, raw)
 
 
-BROKEN_OVERRIDES = ["rounds=[1", "rounds={", "rounds=*x", "rounds='abc", "rounds=!!python/name:os.system",
-                    "rounds=" + "[" * 1200, "rounds=1" + "0" * 5000, "rounds", "rounds.=1", ".rounds=1",
-                    "data..skew=1"]
+BROKEN_OVERRIDES = [
+    "rounds=[1",
+    "rounds={",
+    "rounds=*x",
+    "rounds='abc",
+    "rounds=!!python/name:os.system",
+    "rounds=" + "[" * 1200,
+    "rounds=1" + "0" * 5000,
+    "rounds",
+    "rounds.=1",
+    ".rounds=1",
+    "data..skew=1",
+]
 
 
 @st.composite
@@ -304,21 +367,37 @@ def broken_override(draw) -> Case:
 def wrong_clients(draw) -> Case:
     """clients that no rank count can match: zero, negative, not an integer, more than the data holds."""
     tree = draw(base_tree())
-    value = draw(st.one_of(st.integers(-(10**9), 0), st.integers(TOO_MANY_CLIENTS, 2**62), huge_int(),
-                           not_numeric_text(), other_types("int", "text")))
+    value = draw(
+        st.one_of(
+            st.integers(-(10**9), 0),
+            st.integers(TOO_MANY_CLIENTS, 2**62),
+            huge_int(),
+            not_numeric_text(),
+            other_types("int", "text"),
+        )
+    )
     return Case(tree, (f"clients={flow(value)}",), "clients")
 
 
-CLASSES = {"bad_setting": bad_setting(), "unknown_key": unknown_key(), "key_under_a_value": key_under_a_value(),
-           "section_not_a_mapping": section_not_a_mapping(), "file_not_a_mapping": file_not_a_mapping(),
-           "broken_file": broken_file(), "broken_override": broken_override(), "wrong_clients": wrong_clients()}
+CLASSES = {
+    "bad_setting": bad_setting(),
+    "unknown_key": unknown_key(),
+    "key_under_a_value": key_under_a_value(),
+    "section_not_a_mapping": section_not_a_mapping(),
+    "file_not_a_mapping": file_not_a_mapping(),
+    "broken_file": broken_file(),
+    "broken_override": broken_override(),
+    "wrong_clients": wrong_clients(),
+}
 
 
 # --------------------------------------------------------------------------- checking
 
+
 @contextlib.contextmanager
 def time_limit(seconds: float):
     """A hang fails the example instead of stalling the suite."""
+
     def expired(signum, frame):
         raise TimeoutError(f"no answer within {seconds} s (a hang)")
 
@@ -333,8 +412,9 @@ def time_limit(seconds: float):
 
 def write(case: Case, folder: Path) -> Path:
     path = folder / "config.yaml"
-    path.write_bytes(case.raw if case.raw is not None else
-                     yaml.safe_dump(case.tree, allow_unicode=True, width=10**9).encode())
+    path.write_bytes(
+        case.raw if case.raw is not None else yaml.safe_dump(case.tree, allow_unicode=True, width=10**9).encode()
+    )
     return path
 
 
@@ -370,8 +450,13 @@ def test_the_base_config_is_valid(folder):
     assert "breast_cancer" in out
 
 
-FAST = settings(max_examples=40, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+FAST = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 
 
 def refused(case: Case, folder: Path) -> None:
@@ -406,15 +491,32 @@ def test_missing_sections_mean_their_defaults(tree, folder):
 
 SIZES = {"model.feature_dim", "model.hidden"}  # a valid but large one would allocate a large model
 SCALARS = st.none() | st.booleans() | st.integers(-1000, 1000) | st.floats(allow_nan=True) | st.text(max_size=8)
-TREES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-    st.sampled_from(sorted(KNOWN[""] | {"name", "skew", "lr", "k", "lambda", "x"})) | st.text(max_size=4), inner,
-    max_size=4), max_leaves=12)
+TREES = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(sorted(KNOWN[""] | {"name", "skew", "lr", "k", "lambda", "x"})) | st.text(max_size=4),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
 
 
 @settings(max_examples=100, deadline=None, derandomize=True, database=None)
-@given(tree=TREES, overrides=st.lists(st.builds(
-    lambda k, v: f"{k}={v}", st.sampled_from(sorted(set(KEYS) - SIZES)) | IDENT,
-    st.text(string.printable, max_size=8) | st.integers(-1000, 1000).map(str)), max_size=3))
+@given(
+    tree=TREES,
+    overrides=st.lists(
+        st.builds(
+            lambda k, v: f"{k}={v}",
+            st.sampled_from(sorted(set(KEYS) - SIZES)) | IDENT,
+            st.text(string.printable, max_size=8) | st.integers(-1000, 1000).map(str),
+        ),
+        max_size=3,
+    ),
+)
 def test_any_yaml_tree_and_overrides_either_load_or_fail_in_one_line(tree, overrides, folder):
     """Random structure (bounded numbers, so a valid one is cheap): exit 0, or exit 2 with one line."""
     path = folder / "any.yaml"
@@ -438,8 +540,9 @@ def test_check_and_run_under_mpiexec_print_the_same_one_line(kind, folder):
         path = write(case, folder)
         checked = mpicd_cli("check", str(path), *case.overrides, timeout=120)
         line = assert_names(case, path, checked.returncode, checked.stderr)
-        ran = mpiexec(2, "-m", "mpicd", "run", str(path), *case.overrides, "--out", str(folder / "never.h5"),
-                      timeout=120)
+        ran = mpiexec(
+            2, "-m", "mpicd", "run", str(path), *case.overrides, "--out", str(folder / "never.h5"), timeout=120
+        )
         assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
         assert [x for x in ran.stderr.splitlines() if "config error" in x] == [line]
         assert not (folder / "never.h5").exists()
@@ -458,5 +561,6 @@ def test_a_rank_count_that_differs_from_clients_is_exit_2_naming_clients(folder)
     ran = mpiexec(2, "-m", "mpicd", "run", str(path), "--out", str(folder / "never.h5"), timeout=120)
     lines = [x for x in ran.stderr.splitlines() if "config error" in x]
     assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
-    assert len(lines) == 1 and lines[0].startswith("mpicd: config error: clients: the config has 3 clients but "
-                                                   "the job has 2 MPI ranks"), ran.stderr
+    assert len(lines) == 1 and lines[0].startswith(
+        "mpicd: config error: clients: the config has 3 clients but the job has 2 MPI ranks"
+    ), ran.stderr

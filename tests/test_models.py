@@ -33,12 +33,27 @@ def test_lenet_any_size_and_channels(shape):
 def test_lenet_is_the_authors_layer_stack():
     """humairafirdowse/codistillation models.py LeNet5, transcribed by hand (dropout p=0 omitted)."""
     model = build_model("lenet", (1, 28, 28), 2, 200, 64)
-    convs = [(m.in_channels, m.out_channels, m.kernel_size, m.padding, m.stride)
-             for m in model.features if isinstance(m, nn.Conv2d)]
+    convs = [
+        (m.in_channels, m.out_channels, m.kernel_size, m.padding, m.stride)
+        for m in model.features
+        if isinstance(m, nn.Conv2d)
+    ]
     assert convs == [(1, 6, (5, 5), (2, 2), (1, 1)), (6, 16, (5, 5), (2, 2), (1, 1)), (16, 120, (3, 3), (1, 1), (1, 1))]
     kinds = [type(m).__name__ for m in model.features]
-    assert kinds == ["Conv2d", "ReLU", "MaxPool2d", "Conv2d", "ReLU", "MaxPool2d", "Conv2d", "ReLU",
-                     "AdaptiveAvgPool2d", "Flatten", "Linear", "Tanh"]
+    assert kinds == [
+        "Conv2d",
+        "ReLU",
+        "MaxPool2d",
+        "Conv2d",
+        "ReLU",
+        "MaxPool2d",
+        "Conv2d",
+        "ReLU",
+        "AdaptiveAvgPool2d",
+        "Flatten",
+        "Linear",
+        "Tanh",
+    ]
     pools = [m for m in model.features if isinstance(m, nn.MaxPool2d)]
     assert all(p.kernel_size == 2 and p.stride == 2 and not p.ceil_mode for p in pools)
     assert isinstance(model.head, nn.Linear) and (model.head.in_features, model.head.out_features) == (200, 2)
@@ -55,21 +70,34 @@ def test_lenet_parameter_count_by_hand():
 
 def test_fedavgcnn_layer_stack_has_pfllib_padding_zero():
     model = build_model("fedavgcnn", (1, 28, 28), 2, 200, 64)
-    convs = [(m.in_channels, m.out_channels, m.kernel_size, m.padding)
-             for m in model.features if isinstance(m, nn.Conv2d)]
+    convs = [
+        (m.in_channels, m.out_channels, m.kernel_size, m.padding) for m in model.features if isinstance(m, nn.Conv2d)
+    ]
     assert convs == [(1, 32, (5, 5), (0, 0)), (32, 64, (5, 5), (0, 0))]
     assert [type(m).__name__ for m in model.features] == [
-        "Conv2d", "ReLU", "MaxPool2d", "Conv2d", "ReLU", "MaxPool2d", "Flatten", "Linear", "ReLU"]
+        "Conv2d",
+        "ReLU",
+        "MaxPool2d",
+        "Conv2d",
+        "ReLU",
+        "MaxPool2d",
+        "Flatten",
+        "Linear",
+        "ReLU",
+    ]
 
 
-@pytest.mark.parametrize("shape, flat", [
-    ((1, 28, 28), 1024),     # PFLlib main.py: MNIST, dim=1024    (28 -> 24 -> 12 -> 8 -> 4)
-    ((3, 32, 32), 1600),     # PFLlib main.py: Cifar10, dim=1600  (32 -> 28 -> 14 -> 10 -> 5)
-    ((3, 64, 64), 10816),    # PFLlib main.py: default, dim=10816 (64 -> 60 -> 30 -> 26 -> 13)
-    ((1, 105, 105), 33856),  # PFLlib main.py: Omniglot, dim=33856 (105 -> 101 -> 50 -> 46 -> 23)
-    ((1, 16, 17), 64),       # smallest: 16 -> 12 -> 6 -> 2 -> 1 and 17 -> 13 -> 6 -> 2 -> 1
-    ((1, 64, 28), 64 * 13 * 4),
-])
+@pytest.mark.parametrize(
+    "shape, flat",
+    [
+        ((1, 28, 28), 1024),  # PFLlib main.py: MNIST, dim=1024    (28 -> 24 -> 12 -> 8 -> 4)
+        ((3, 32, 32), 1600),  # PFLlib main.py: Cifar10, dim=1600  (32 -> 28 -> 14 -> 10 -> 5)
+        ((3, 64, 64), 10816),  # PFLlib main.py: default, dim=10816 (64 -> 60 -> 30 -> 26 -> 13)
+        ((1, 105, 105), 33856),  # PFLlib main.py: Omniglot, dim=33856 (105 -> 101 -> 50 -> 46 -> 23)
+        ((1, 16, 17), 64),  # smallest: 16 -> 12 -> 6 -> 2 -> 1 and 17 -> 13 -> 6 -> 2 -> 1
+        ((1, 64, 28), 64 * 13 * 4),
+    ],
+)
 def test_fedavgcnn_flatten_width_matches_pfllib_dims(shape, flat):
     model = build_model("fedavgcnn", shape, 10, 200, 64)
     fc1 = [m for m in model.features if isinstance(m, nn.Linear)]

@@ -32,12 +32,26 @@ def test_shared_arrays_equal_a_private_load_and_are_read_only(ranks):
 
 @pytest.mark.parametrize("ranks", [1, 3])
 def test_missing_data_exits_2_with_one_message(ranks, tmp_path):
-    result = mpiexec(ranks, "-m", "mpicd", "run", str(ROOT / "configs" / "pneumoniamnist.yaml"), f"clients={ranks}",
-                     f"data.path={tmp_path / 'absent.npz'}", "--out", str(tmp_path / "r.h5"), timeout=120)
+    result = mpiexec(
+        ranks,
+        "-m",
+        "mpicd",
+        "run",
+        str(ROOT / "configs" / "pneumoniamnist.yaml"),
+        f"clients={ranks}",
+        f"data.path={tmp_path / 'absent.npz'}",
+        "--out",
+        str(tmp_path / "r.h5"),
+        timeout=120,
+    )
     assert result.returncode == 2, f"{result.stdout}\n{result.stderr}"
     lines = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("mpicd:")]
-    assert lines == [(f"mpicd: config error: data.path: file '{tmp_path / 'absent.npz'}' does not exist "
-                      "(expected a MedMNIST .npz file)")], lines
+    assert lines == [
+        (
+            f"mpicd: config error: data.path: file '{tmp_path / 'absent.npz'}' does not exist "
+            "(expected a MedMNIST .npz file)"
+        )
+    ], lines
     assert not (tmp_path / "r.h5").exists()
 
 

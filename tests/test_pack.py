@@ -18,9 +18,11 @@ TIMING = {"comm_seconds", "compute_seconds", "train_seconds", "eval_seconds", "w
 def sweep(tmp_path_factory):
     folder = tmp_path_factory.mktemp("pack")
     path = folder / "sweep.yaml"
-    path.write_text(f"config: {QUICKSTART}\noutput_dir: {folder / 'out'}\ngrid:\n"
-                    "  clients: [2]\n  rounds: [3]\n"
-                    "  algorithm: [{name: codistill}, {name: fedavg}, {name: fedproto}]\n  seed: [0, 1]\n")
+    path.write_text(
+        f"config: {QUICKSTART}\noutput_dir: {folder / 'out'}\ngrid:\n"
+        "  clients: [2]\n  rounds: [3]\n"
+        "  algorithm: [{name: codistill}, {name: fedavg}, {name: fedproto}]\n  seed: [0, 1]\n"
+    )
     return path
 
 
@@ -40,10 +42,16 @@ def test_every_run_is_done_once_by_two_groups(sweep, packed):
     assert {line.split()[1] for line in starts} == {"0", "1"}  # both groups took work
     t = r"(\d+s|\d+m\d\ds|\d+h\d\dm)"  # a duration: 12s, 4m05s, 3h07m
     for line in starts:
-        assert re.search(rf"\] start \([1-6] of 6 pending; [0-5] of 6 finished, 0 failed; {t} elapsed, "
-                         rf"(about {t} left|time left unknown)\): ", line), line
-    done = [re.search(rf"\] done in {t} \(([1-6]) of 6 finished, 0 failed; {t} elapsed, about {t} left\)$", line)
-            for line in packed.stdout.splitlines() if "] done in " in line]
+        assert re.search(
+            rf"\] start \([1-6] of 6 pending; [0-5] of 6 finished, 0 failed; {t} elapsed, "
+            rf"(about {t} left|time left unknown)\): ",
+            line,
+        ), line
+    done = [
+        re.search(rf"\] done in {t} \(([1-6]) of 6 finished, 0 failed; {t} elapsed, about {t} left\)$", line)
+        for line in packed.stdout.splitlines()
+        if "] done in " in line
+    ]
     assert all(done) and sorted(int(m.group(2)) for m in done) == [1, 2, 3, 4, 5, 6]  # counted over both groups
     assert "about 0s left)" in packed.stdout  # the last run to end leaves nothing
     for run in runs:

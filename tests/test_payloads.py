@@ -23,11 +23,13 @@ from mpicd.results import Results
 from conftest import DRIVERS, ROOT, mpiexec, require_pneumonia
 
 # P by hand from the layer shapes in mpicd/models.py (weights + biases), 1 grey channel, C = 2.
-LENET_P = ((6 * 1 * 5 * 5 + 6)            # conv 5x5, 1 -> 6
-           + (16 * 6 * 5 * 5 + 16)        # conv 5x5, 6 -> 16
-           + (120 * 16 * 3 * 3 + 120)     # conv 3x3, 16 -> 120
-           + (200 * 120 + 200)            # Linear 120 -> D = 200 (tanh)
-           + (2 * 200 + 2))               # head Linear 200 -> 2
+LENET_P = (
+    (6 * 1 * 5 * 5 + 6)  # conv 5x5, 1 -> 6
+    + (16 * 6 * 5 * 5 + 16)  # conv 5x5, 6 -> 16
+    + (120 * 16 * 3 * 3 + 120)  # conv 3x3, 16 -> 120
+    + (200 * 120 + 200)  # Linear 120 -> D = 200 (tanh)
+    + (2 * 200 + 2)
+)  # head Linear 200 -> 2
 # torchvision's ResNet-18 with a 1-channel conv1 (7x7 -> 64, no bias) and fc = Linear(512, 2):
 # the published 11,689,512 for 3 channels and 1000 classes, minus conv1's 2 extra channels and the
 # old fc. Floating buffers: running mean and var of its 20 BatchNorms, 4,800 channels in all.
@@ -56,37 +58,43 @@ def test_hand_derived_sizes_are_the_models():
     assert Sizes.of(build_model("resnet18", (1, 28, 28), 2, 200, 64), 6) == RESNET
 
 
-@pytest.mark.parametrize("name, options, students, expected", [
-    # co-distillation: 4 D = 800 per student served, 800 from its teacher
-    ("codistill", {}, 0, only("p2p", 0, 800)),
-    ("codistill", {}, 1, only("p2p", 800, 800)),
-    ("codistill", {}, 3, only("p2p", 2400, 800)),
-    ("codistill", {"teacher_per": "batch"}, 2, only("allgather", 800, 3200)),             # D; N D
-    ("codistill", {"classes": "all"}, 2, only("allgather", 1600, 6400)),                  # C D; N C D
-    ("codistill", {"classes": "all", "teacher_per": "batch"}, 0, only("allgather", 1600, 6400)),
-    ("fedavg", {}, 0, only("allreduce", 178_300, 178_300)),                                # 4 (44,574 + 1)
-    ("fedproto", {}, 0, only("allreduce", 1608, 1608)),                                   # 4 * 2 * 201
-    ("fedproto", {"weighting": "equal"}, 0, only("allreduce", 1608, 1608)),
-    ("feddistill", {}, 0, only("allreduce", 24, 24)),                                     # 4 * 2 * 3
-    ("feddistill", {"exclude_self": False}, 0, only("allreduce", 24, 24)),
-    ("fedamp", {}, 0, only("allgather", 178_296, 713_184)),                               # 4 P; 4 * 4 P
-    ("fedamp", {"similarity": "cosine"}, 0, only("allgather", 178_296, 713_184)),
-    ("fedamp", {"exchange": "ring"}, 0, only("p2p", 534_888, 534_888)),                   # 3 steps of 4 P
-    ("local", {}, 0, only(None)),
-    ("centralized", {}, 0, only(None)),
-])
+@pytest.mark.parametrize(
+    "name, options, students, expected",
+    [
+        # co-distillation: 4 D = 800 per student served, 800 from its teacher
+        ("codistill", {}, 0, only("p2p", 0, 800)),
+        ("codistill", {}, 1, only("p2p", 800, 800)),
+        ("codistill", {}, 3, only("p2p", 2400, 800)),
+        ("codistill", {"teacher_per": "batch"}, 2, only("allgather", 800, 3200)),  # D; N D
+        ("codistill", {"classes": "all"}, 2, only("allgather", 1600, 6400)),  # C D; N C D
+        ("codistill", {"classes": "all", "teacher_per": "batch"}, 0, only("allgather", 1600, 6400)),
+        ("fedavg", {}, 0, only("allreduce", 178_300, 178_300)),  # 4 (44,574 + 1)
+        ("fedproto", {}, 0, only("allreduce", 1608, 1608)),  # 4 * 2 * 201
+        ("fedproto", {"weighting": "equal"}, 0, only("allreduce", 1608, 1608)),
+        ("feddistill", {}, 0, only("allreduce", 24, 24)),  # 4 * 2 * 3
+        ("feddistill", {"exclude_self": False}, 0, only("allreduce", 24, 24)),
+        ("fedamp", {}, 0, only("allgather", 178_296, 713_184)),  # 4 P; 4 * 4 P
+        ("fedamp", {"similarity": "cosine"}, 0, only("allgather", 178_296, 713_184)),
+        ("fedamp", {"exchange": "ring"}, 0, only("p2p", 534_888, 534_888)),  # 3 steps of 4 P
+        ("local", {}, 0, only(None)),
+        ("centralized", {}, 0, only(None)),
+    ],
+)
 def test_bytes_per_round_lenet(name, options, students, expected):
     assert REGISTRY[name].bytes_per_round(LENET, params(name, **options), students) == expected
 
 
-@pytest.mark.parametrize("name, options, students, expected", [
-    ("fedavg", {}, 0, only("allreduce", 44_723_468, 44_723_468)),                         # 4 (P + B + 1)
-    ("fedamp", {}, 0, only("allgather", 44_685_064, 268_110_384)),                        # 4 P; 6 * 4 P
-    ("fedamp", {"exchange": "ring"}, 0, only("p2p", 223_425_320, 223_425_320)),           # 5 * 4 P
-    ("codistill", {}, 2, only("p2p", 4096, 2048)),
-    ("fedproto", {}, 0, only("allreduce", 4104, 4104)),
-    ("feddistill", {}, 0, only("allreduce", 24, 24)),
-])
+@pytest.mark.parametrize(
+    "name, options, students, expected",
+    [
+        ("fedavg", {}, 0, only("allreduce", 44_723_468, 44_723_468)),  # 4 (P + B + 1)
+        ("fedamp", {}, 0, only("allgather", 44_685_064, 268_110_384)),  # 4 P; 6 * 4 P
+        ("fedamp", {"exchange": "ring"}, 0, only("p2p", 223_425_320, 223_425_320)),  # 5 * 4 P
+        ("codistill", {}, 2, only("p2p", 4096, 2048)),
+        ("fedproto", {}, 0, only("allreduce", 4104, 4104)),
+        ("feddistill", {}, 0, only("allreduce", 24, 24)),
+    ],
+)
 def test_bytes_per_round_resnet18(name, options, students, expected):
     assert REGISTRY[name].bytes_per_round(RESNET, params(name, **options), students) == expected
 
@@ -117,15 +125,16 @@ def test_every_option_combination_selects_exactly_one_declared_payload(name):
     grid = option_grid(cls)
     assert len(grid) >= {"codistill": 4, "fedproto": 4, "fedamp": 4, "feddistill": 2}.get(name, 1)
     for p in grid:
-        assert (cls.payload_for(p) is not None) == bool(cls.payloads), p   # payload_for raises on two
+        assert (cls.payload_for(p) is not None) == bool(cls.payloads), p  # payload_for raises on two
 
 
 def test_readme_section_is_the_generated_table():
     text = (ROOT / "README.md").read_text()
     begin, end = "<!-- payload table: begin -->", "<!-- payload table: end -->"
     assert text.count(begin) == 1 and text.count(end) == 1, "README.md lost its payload table markers"
-    assert text.split(begin)[1].split(end)[0].strip("\n") == payload_table(), \
+    assert text.split(begin)[1].split(end)[0].strip("\n") == payload_table(), (
         "README.md is stale: paste mpicd.algorithms.payload_table() between the markers"
+    )
     assert "no image, label or per-sample value ever crosses MPI" in " ".join(text.split())
 
 
@@ -140,6 +149,7 @@ def test_the_table_lists_every_declared_payload():
 
 
 # ------------------------------------------------------------------ under mpiexec (one job)
+
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
@@ -176,7 +186,7 @@ def test_ledger_equals_the_declared_bytes_every_round_and_rank(job, label):
         for rank in range(RANKS):
             students = int((res.teacher[r] == rank).sum())
             want = cls.bytes_per_round(sizes, p, students)
-            for k, kind in enumerate(res.kinds):   # every kind: those the table does not list are 0
+            for k, kind in enumerate(res.kinds):  # every kind: those the table does not list are 0
                 got = (int(res.bytes_sent_by_kind[r, rank, k]), int(res.bytes_recv_by_kind[r, rank, k]))
                 assert got == want[kind], (label, r, rank, kind)
 
@@ -205,21 +215,27 @@ def test_no_pixel_value_is_in_any_buffer_that_crossed_mpi(job, label):
         for kind in KINDS:
             assert seen["rounds_sent"][kind] == sum(
                 cls.bytes_per_round(sizes, p, int((res.teacher[r] == rank).sum()))[kind][0]
-                for r in range(res.completed_rounds)), (label, rank, kind)
+                for r in range(res.completed_rounds)
+            ), (label, rank, kind)
         assert seen["recorded_sent"] == seen["ledger_sent"], (label, rank)
         assert set(seen["other"]) <= {"Get_rank", "Get_size", "Barrier"}, (label, rank)
     if cls.payloads:
         assert sum(report[label]["rounds_sent"][cls.payload_for(p).kind] for report in pixel_reports(job)) > 0
 
 
-@pytest.mark.parametrize("leak, op", [("leak_image", "Allgather float32("),
-                                      ("leak_pixel_p2p", "float32(1, 200)"),
-                                      ("leak_pixel_float64", "Allreduce float64(8,)")])
+@pytest.mark.parametrize(
+    "leak, op",
+    [
+        ("leak_image", "Allgather float32("),
+        ("leak_pixel_p2p", "float32(1, 200)"),
+        ("leak_pixel_float64", "Allreduce float64(8,)"),
+    ],
+)
 def test_a_leaky_algorithm_is_caught(job, leak, op):
     """The same search finds one raw image, one pixel inside a feature vector sent point to point,
     and one pixel widened to float64: the clean results above are not for want of looking."""
     for rank, report in enumerate(pixel_reports(job)):
         hits = report[leak]["findings"]
         assert hits and all(op in hit for hit in hits), (leak, rank, hits)
-    if leak == "leak_image":   # all of an image's values, on every rank (8 distinctive values, 784 pixels)
+    if leak == "leak_image":  # all of an image's values, on every rank (8 distinctive values, 784 pixels)
         assert all(len({h.split(" holds ")[1] for h in r[leak]["findings"]}) >= 8 for r in pixel_reports(job))

@@ -14,17 +14,33 @@ import numpy as np
 import pytest
 import yaml
 
-from mpicd.report import (OPERATIONAL, ReportError, collect, group, render, skew_table, summarize,
-                          t_quantile, versus, write_csv)
+from mpicd.report import (
+    OPERATIONAL,
+    ReportError,
+    collect,
+    group,
+    render,
+    skew_table,
+    summarize,
+    t_quantile,
+    versus,
+    write_csv,
+)
 
 from conftest import QUICKSTART, mpicd_cli, mpicd_run
 
 KINDS = ("p2p", "allreduce", "allgather", "bcast")
-BASE = {"clients": 2, "rounds": 3, "seed": 0, "device": "auto", "output": "results/run.h5",
-        "data": {"name": "toy", "path": None, "images_per_class": 50, "skew": 0.6},
-        "model": {"name": "mlp", "feature_dim": 8, "hidden": 4},
-        "train": {"optimizer": "adam", "lr": 0.001, "batch_size": 32, "eval_batch_size": 512},
-        "algorithm": {"name": "codistill", "lambda": 1.0, "k": "all"}}
+BASE = {
+    "clients": 2,
+    "rounds": 3,
+    "seed": 0,
+    "device": "auto",
+    "output": "results/run.h5",
+    "data": {"name": "toy", "path": None, "images_per_class": 50, "skew": 0.6},
+    "model": {"name": "mlp", "feature_dim": 8, "hidden": 4},
+    "train": {"optimizer": "adam", "lr": 0.001, "batch_size": 32, "eval_batch_size": 512},
+    "algorithm": {"name": "codistill", "lambda": 1.0, "k": "all"},
+}
 
 
 def config(**dotted):
@@ -46,15 +62,28 @@ def write(path, cfg, minority, *, completed=None, val=None, sent=800, recv=400):
     rounds, clients = cfg["rounds"], m.shape[1]
     done = len(m) if completed is None else completed
     with h5py.File(path, "w") as f:
-        f.attrs.update({"config": yaml.safe_dump(cfg, sort_keys=False), "algorithm": cfg["algorithm"]["name"],
-                        "dataset": cfg["data"]["name"], "clients": clients, "rounds": rounds, "seed": cfg["seed"],
-                        "skew": cfg["data"]["skew"], "images_per_class": cfg["data"]["images_per_class"],
-                        "completed_rounds": done})
+        f.attrs.update(
+            {
+                "config": yaml.safe_dump(cfg, sort_keys=False),
+                "algorithm": cfg["algorithm"]["name"],
+                "dataset": cfg["data"]["name"],
+                "clients": clients,
+                "rounds": rounds,
+                "seed": cfg["seed"],
+                "skew": cfg["data"]["skew"],
+                "images_per_class": cfg["data"]["images_per_class"],
+                "completed_rounds": done,
+            }
+        )
 
         def metric(name, values):
-            d = f.create_dataset(f"metrics/{name}", (rounds, clients), dtype=values.dtype, fillvalue=np.nan
-                                 if values.dtype.kind == "f" else -1)
-            d[:len(values)] = values
+            d = f.create_dataset(
+                f"metrics/{name}",
+                (rounds, clients),
+                dtype=values.dtype,
+                fillvalue=np.nan if values.dtype.kind == "f" else -1,
+            )
+            d[: len(values)] = values
 
         metric("minority_acc", m)
         metric("balanced_acc", m + 0.1)
@@ -85,16 +114,38 @@ def run_cli(*args):
 
 # ----------------------------------------------------------------------------- cells
 
+
 def test_operational_keys_are_one_documented_constant():
-    assert set(OPERATIONAL) == {"seed", "output", "device", "train.eval_batch_size", "checkpoint", "debug",
-                                "timeout", "eval"}
+    assert set(OPERATIONAL) == {
+        "seed",
+        "output",
+        "device",
+        "train.eval_batch_size",
+        "checkpoint",
+        "debug",
+        "timeout",
+        "eval",
+    }
 
 
 def test_runs_differing_only_in_operational_keys_share_a_cell(tmp_path):
     a = write(tmp_path / "a.h5", config(seed=0), final(0.7))
-    b = write(tmp_path / "b.h5", config(seed=1, output="elsewhere.h5", device="cpu",
-                                        **{"train.eval_batch_size": 64, "checkpoint.every": 5, "eval.every": 2,
-                                           "debug.trace": True, "timeout.seconds": 9}), final(0.9))
+    b = write(
+        tmp_path / "b.h5",
+        config(
+            seed=1,
+            output="elsewhere.h5",
+            device="cpu",
+            **{
+                "train.eval_batch_size": 64,
+                "checkpoint.every": 5,
+                "eval.every": 2,
+                "debug.trace": True,
+                "timeout.seconds": 9,
+            },
+        ),
+        final(0.9),
+    )
     cells = group(summarize(p) for p in (a, b))
     (runs,) = cells.values()
     assert [r.scores["minority_acc"] for r in runs] == pytest.approx([0.7, 0.9])
@@ -102,10 +153,14 @@ def test_runs_differing_only_in_operational_keys_share_a_cell(tmp_path):
 
 def test_runs_differing_in_hyper_parameters_are_separate_cells_with_their_keys_shown(tmp_path):
     paths = [write(tmp_path / f"l1-{s}.h5", config(seed=s), final(v)) for s, v in enumerate([0.8, 0.7, 0.9])]
-    paths += [write(tmp_path / f"l05-{s}.h5", config(seed=s, **{"algorithm.lambda": 0.5}), final(v))
-              for s, v in enumerate([0.5, 0.7])]
-    paths += [write(tmp_path / "lenet.h5", config(**{"model.name": "lenet"}), final(0.3)),
-              write(tmp_path / "lr.h5", config(**{"train.lr": 0.01}), final(0.4))]
+    paths += [
+        write(tmp_path / f"l05-{s}.h5", config(seed=s, **{"algorithm.lambda": 0.5}), final(v))
+        for s, v in enumerate([0.5, 0.7])
+    ]
+    paths += [
+        write(tmp_path / "lenet.h5", config(**{"model.name": "lenet"}), final(0.3)),
+        write(tmp_path / "lr.h5", config(**{"train.lr": 0.01}), final(0.4)),
+    ]
     cells = group(summarize(p) for p in paths)
     assert len(cells) == 4
     text = render(cells)
@@ -142,9 +197,15 @@ def test_same_cell_and_seed_twice_is_an_error_naming_both_files(tmp_path):
 
 def test_skew_view_keeps_mean_sd_over_seeds_and_sd_across_skews(tmp_path):
     values = {("codistill", 0.6): [0.8, 0.7, 0.9], ("local", 0.6): [0.5, 0.6, 0.4], ("codistill", 0.2): [0.9, 0.9, 0.9]}
-    paths = [write(tmp_path / f"{a}-{s}-{seed}.h5", config(seed=seed, algorithm={"name": a} if a == "local" else
-                                                           BASE["algorithm"], **{"data.skew": s}), final(v))
-             for (a, s), vs in values.items() for seed, v in enumerate(vs)]
+    paths = [
+        write(
+            tmp_path / f"{a}-{s}-{seed}.h5",
+            config(seed=seed, algorithm={"name": a} if a == "local" else BASE["algorithm"], **{"data.skew": s}),
+            final(v),
+        )
+        for (a, s), vs in values.items()
+        for seed, v in enumerate(vs)
+    ]
     table = skew_table(group(summarize(p) for p in paths))
     assert "minority_acc on toy, 2 clients, 50 images/class" in table
     assert "| method | s=0.2 | s=0.6 | sd across skews |" in table
@@ -154,6 +215,7 @@ def test_skew_view_keeps_mean_sd_over_seeds_and_sd_across_skews(tmp_path):
 
 
 # ----------------------------------------------------------------------------- incomplete runs
+
 
 def test_incomplete_runs_are_listed_and_excluded_unless_asked(tmp_path):
     done = write(tmp_path / "done.h5", config(seed=0), final(0.8))
@@ -172,6 +234,7 @@ def test_incomplete_runs_are_listed_and_excluded_unless_asked(tmp_path):
 
 # ----------------------------------------------------------------------------- selection
 
+
 def test_last_n_rounds_are_averaged(tmp_path):
     # per round, mean over clients: (0.2+0.4)/2 = 0.3, (0.5+0.7)/2 = 0.6, (0.8+1.0)/2 = 0.9
     p = write(tmp_path / "r.h5", config(), [[0.2, 0.4], [0.5, 0.7], [0.8, 1.0]])
@@ -184,8 +247,9 @@ def test_last_n_rounds_are_averaged(tmp_path):
 def test_best_val_picks_the_earliest_round_of_highest_validation_minority_accuracy(tmp_path):
     # val means: 0.5, (0.75+0.75)/2 = 0.75, (1.0+0.5)/2 = 0.75 -> a tie, the earlier round (index 1) wins;
     # the test metric peaks at the last round, so choosing on test would give 0.9
-    p = write(tmp_path / "v.h5", config(), [[0.2, 0.4], [0.5, 0.7], [0.8, 1.0]],
-              val=[[0.5, 0.5], [0.75, 0.75], [1.0, 0.5]])
+    p = write(
+        tmp_path / "v.h5", config(), [[0.2, 0.4], [0.5, 0.7], [0.8, 1.0]], val=[[0.5, 0.5], [0.75, 0.75], [1.0, 0.5]]
+    )
     run = summarize(p, select="best-val")
     assert run.selected_round == 1
     assert run.scores == pytest.approx({"minority_acc": 0.6, "balanced_acc": 0.7, "test_acc": 0.8})
@@ -207,9 +271,18 @@ def test_best_val_without_validation_metrics_names_the_file(tmp_path):
 
 # ----------------------------------------------------------------------------- paired comparison
 
+
 def test_t_quantiles_match_the_tables():
-    known = {(0.975, 1): 12.706, (0.975, 2): 4.303, (0.975, 4): 2.776, (0.975, 9): 2.262,
-             (0.975, 30): 2.042, (0.975, 120): 1.980, (0.95, 10): 1.812, (0.995, 5): 4.032}
+    known = {
+        (0.975, 1): 12.706,
+        (0.975, 2): 4.303,
+        (0.975, 4): 2.776,
+        (0.975, 9): 2.262,
+        (0.975, 30): 2.042,
+        (0.975, 120): 1.980,
+        (0.95, 10): 1.812,
+        (0.995, 5): 4.032,
+    }
     for (p, df), value in known.items():
         assert t_quantile(p, df) == pytest.approx(value, abs=5e-4), (p, df)
     assert t_quantile(0.975, 10000) == pytest.approx(1.9602, abs=1e-4)  # close to the normal 1.95996
@@ -234,8 +307,11 @@ def paired(tmp_path):
         ("local", 0.2): {0: 0.75, 1: 0.70, 2: 0.65},
     }
     algo = {"codistill": BASE["algorithm"], "local": local, "fedavg": fedavg}
-    return [write(tmp_path / f"{a}-{s}-{seed}.h5", config(seed=seed, algorithm=algo[a], **{"data.skew": s}), final(v))
-            for (a, s), by_seed in runs.items() for seed, v in by_seed.items()]
+    return [
+        write(tmp_path / f"{a}-{s}-{seed}.h5", config(seed=seed, algorithm=algo[a], **{"data.skew": s}), final(v))
+        for (a, s), by_seed in runs.items()
+        for seed, v in by_seed.items()
+    ]
 
 
 def test_versus_pairs_by_seed_with_a_t_interval_and_a_verdict(paired):
@@ -273,6 +349,7 @@ def test_versus_table_from_the_command_line(paired):
 
 # ----------------------------------------------------------------------------- CSV and plots
 
+
 def test_csv_has_one_row_per_cell(paired, tmp_path):
     cells = group(summarize(p) for p in paired)
     write_csv(cells, tmp_path / "cells.csv")
@@ -292,8 +369,10 @@ def test_csv_has_one_row_per_cell(paired, tmp_path):
 
 def test_plots_and_csv_from_the_command_line(paired, tmp_path):
     pytest.importorskip("matplotlib")
-    out = {flag: tmp_path / f"{flag.strip('-')}.{'csv' if flag == '--csv' else 'png'}"
-           for flag in ("--plot", "--plot-rounds", "--plot-bytes", "--csv")}
+    out = {
+        flag: tmp_path / f"{flag.strip('-')}.{'csv' if flag == '--csv' else 'png'}"
+        for flag in ("--plot", "--plot-rounds", "--plot-bytes", "--csv")
+    }
     result = run_cli(*paired, *(str(v) for kv in out.items() for v in kv))
     assert result.returncode == 0, result.stderr
     for flag, path in out.items():
@@ -305,6 +384,7 @@ def test_plots_and_csv_from_the_command_line(paired, tmp_path):
 
 
 # ----------------------------------------------------------------------------- end to end
+
 
 def test_report_command_on_real_runs(tmp_path):
     files = [tmp_path / f"s{seed}.h5" for seed in (0, 1)]

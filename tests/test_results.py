@@ -51,8 +51,11 @@ def test_serial_fallback_has_the_same_layout(written):
     def layout(path):
         with h5py.File(path) as f:
             items = {}
-            f.visititems(lambda name, obj: items.__setitem__(
-                name, (obj.shape, obj.dtype.str) if isinstance(obj, h5py.Dataset) else "group"))
+            f.visititems(
+                lambda name, obj: items.__setitem__(
+                    name, (obj.shape, obj.dtype.str) if isinstance(obj, h5py.Dataset) else "group"
+                )
+            )
             return items, set(f.attrs)
 
     assert layout(written / "mpio.h5") == layout(written / "serial.h5")

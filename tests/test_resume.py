@@ -22,8 +22,11 @@ TIMING = {"comm_seconds", "compute_seconds", "train_seconds", "eval_seconds", "w
 def workload():
     """A config whose rounds last long enough to be interrupted: real X-rays when present."""
     if PNEUMONIA.is_file():
-        return ROOT / "configs" / "pneumoniamnist.yaml", ["rounds=8", "data.images_per_class=60",
-                                                          f"data.path={PNEUMONIA}"]
+        return ROOT / "configs" / "pneumoniamnist.yaml", [
+            "rounds=8",
+            "data.images_per_class=60",
+            f"data.path={PNEUMONIA}",
+        ]
     return QUICKSTART, ["rounds=200"]
 
 
@@ -39,10 +42,30 @@ def assert_same_run(a: Results, b: Results):
 
 
 def start(out, config, overrides, *extra):
-    command = ["mpiexec", "-n", "4", "--oversubscribe", sys.executable, "-m", "mpicd", "run", str(config),
-               *overrides, "--out", str(out), *extra]
-    return subprocess.Popen(command, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    command = [
+        "mpiexec",
+        "-n",
+        "4",
+        "--oversubscribe",
+        sys.executable,
+        "-m",
+        "mpicd",
+        "run",
+        str(config),
+        *overrides,
+        "--out",
+        str(out),
+        *extra,
+    ]
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=mpi_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for_checkpoint(proc, out, completed: int, timeout: float = 180):
@@ -154,8 +177,19 @@ def test_resume_with_a_different_config_is_refused_naming_the_key(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
     config, overrides = workload_quick()
-    result = mpiexec(4, "-m", "mpicd", "run", str(config), *overrides, "algorithm.lambda=0.5",
-                     "--out", str(out), "--resume", timeout=120)
+    result = mpiexec(
+        4,
+        "-m",
+        "mpicd",
+        "run",
+        str(config),
+        *overrides,
+        "algorithm.lambda=0.5",
+        "--out",
+        str(out),
+        "--resume",
+        timeout=120,
+    )
     assert result.returncode == 2, result.stderr
     messages = [line for line in result.stderr.splitlines() if line.startswith("mpicd:")]
     assert len(messages) == 1 and "algorithm.lambda" in messages[0], result.stderr

@@ -19,14 +19,20 @@ def contents(path):
     found = {}
     with h5py.File(path, "r") as f:
         found.update({f"attr:{k}": v for k, v in f.attrs.items() if k != "startup_seconds"})
-        f.visititems(lambda name, obj: found.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset)
-                     and name.split("/")[-1] not in TIMINGS else None)
+        f.visititems(
+            lambda name, obj: (
+                found.__setitem__(name, obj[()])
+                if isinstance(obj, h5py.Dataset) and name.split("/")[-1] not in TIMINGS
+                else None
+            )
+        )
     return found
 
 
 def same(a, b):
-    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k], equal_nan=isinstance(a[k], np.ndarray)
-                                                       and a[k].dtype.kind == "f") for k in a)
+    return a.keys() == b.keys() and all(
+        np.array_equal(a[k], b[k], equal_nan=isinstance(a[k], np.ndarray) and a[k].dtype.kind == "f") for k in a
+    )
 
 
 def test_same_seed_same_file_different_seed_different(tmp_path):
@@ -49,17 +55,20 @@ def test_a_failing_rank_aborts_the_job_promptly_and_keeps_completed_rounds(tmp_p
     assert np.isfinite(res.metrics["train_loss"]).all() and res.metrics["train_loss"].shape == (2, 4)
 
 
-@pytest.mark.parametrize("ranks, overrides, message", [
-    (2, [], "the config has 4 clients but the job has 2 MPI ranks"),
-    (2, ["clients=2", "data.skew=1.5"], "data.skew: must be < 1"),
-    (2, ["clients=2", "algorithm.lambda=-1"], "algorithm.lambda: must be >= 0"),
-    (2, ["clients=2", "algorithm.k=0"], "algorithm.k: must be >= 1"),
-    (2, ["clients=2", "algorithm.k=1000"], "algorithm.k: is 1000, but client 0 has only"),
-    (2, ["clients=2", "rounds=0"], "rounds: must be >= 1"),
-    (2, ["clients=2", "data.name=medmnist", "data.path=/nonexistent/pneumonia.npz"], "/nonexistent/pneumonia.npz"),
-    (4, ["data.images_per_class=500"], "data.images_per_class"),
-    (2, ["clients=2", "learning_rate=0.1"], "learning_rate: unknown key"),
-])
+@pytest.mark.parametrize(
+    "ranks, overrides, message",
+    [
+        (2, [], "the config has 4 clients but the job has 2 MPI ranks"),
+        (2, ["clients=2", "data.skew=1.5"], "data.skew: must be < 1"),
+        (2, ["clients=2", "algorithm.lambda=-1"], "algorithm.lambda: must be >= 0"),
+        (2, ["clients=2", "algorithm.k=0"], "algorithm.k: must be >= 1"),
+        (2, ["clients=2", "algorithm.k=1000"], "algorithm.k: is 1000, but client 0 has only"),
+        (2, ["clients=2", "rounds=0"], "rounds: must be >= 1"),
+        (2, ["clients=2", "data.name=medmnist", "data.path=/nonexistent/pneumonia.npz"], "/nonexistent/pneumonia.npz"),
+        (4, ["data.images_per_class=500"], "data.images_per_class"),
+        (2, ["clients=2", "learning_rate=0.1"], "learning_rate: unknown key"),
+    ],
+)
 def test_bad_input_exits_2_with_one_clear_message(tmp_path, ranks, overrides, message):
     out = tmp_path / "never.h5"
     result = mpiexec(ranks, "-m", "mpicd", "run", str(QUICKSTART), *overrides, "--out", str(out), timeout=120)
@@ -75,7 +84,7 @@ def test_check_prints_resolved_config_and_partition_without_mpi():
     assert "skew: 0.5" in result.stdout and "lambda: 1.0" in result.stdout
     lines = result.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["client", "expertise"])
-    rows = [line.split() for line in lines[header + 1: header + 5]]
+    rows = [line.split() for line in lines[header + 1 : header + 5]]
     assert [row[1] for row in rows] == ["malignant", "benign", "malignant", "benign"]
     base = int(rows[0][2])
     assert int(rows[0][3]) == int(np.floor(0.5 * base + 1e-9)) and int(rows[1][3]) == base
@@ -91,8 +100,14 @@ def test_check_rejects_bad_input_with_exit_2():
 
 def test_readme_quickstart_command_end_to_end():
     started = time.monotonic()
-    result = subprocess.run(["bash", "jobs/quickstart.sh", "--out", "results/test-quickstart.h5"], cwd=ROOT,
-                            env=mpi_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        ["bash", "jobs/quickstart.sh", "--out", "results/test-quickstart.h5"],
+        cwd=ROOT,
+        env=mpi_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     round_lines = [line for line in result.stdout.splitlines() if line.startswith("round ")]

@@ -14,7 +14,14 @@ from conftest import DRIVERS, mpiexec
 def test_gpu_chosen_by_local_rank_among_visible_gpus():
     assert choose_device("auto", 0, 0) == "cpu"
     assert choose_device("cpu", 3, 8) == "cpu"
-    assert [choose_device("auto", r, 4) for r in range(6)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:0", "cuda:1"]
+    assert [choose_device("auto", r, 4) for r in range(6)] == [
+        "cuda:0",
+        "cuda:1",
+        "cuda:2",
+        "cuda:3",
+        "cuda:0",
+        "cuda:1",
+    ]
     with pytest.raises(ConfigError) as err:
         choose_device("cuda", 0, 0)
     assert err.value.key == "device"

@@ -19,7 +19,7 @@ from mpicd import seeds
 
 from conftest import DRIVERS, QUICKSTART, ROOT, mpiexec
 
-M32 = 2 ** 32
+M32 = 2**32
 
 
 def state(generator: np.random.Generator) -> tuple[int, int]:
@@ -28,6 +28,7 @@ def state(generator: np.random.Generator) -> tuple[int, int]:
 
 
 # --- 1. the old aliases ---------------------------------------------------------------------------
+
 
 def test_a_trailing_zero_key_is_a_different_stream():
     # Old code: SeedSequence([seed, TEACHERS, r]) == SeedSequence([seed, TEACHERS, r, 0]), so rank 0's
@@ -44,24 +45,27 @@ def test_the_same_name_is_the_same_stream_and_numpy_ints_are_accepted():
     a = seeds.rng(3, seeds.SHUFFLE, 1, 2, 0).integers(0, 1 << 62, size=8)
     b = seeds.rng(np.int64(3), seeds.SHUFFLE, np.int32(1), 2, np.uint8(0)).integers(0, 1 << 62, size=8)
     assert np.array_equal(a, b)
-    assert seeds.torch_seed(3, seeds.INIT) == seeds.torch_seed(3, seeds.INIT) < 2 ** 63
+    assert seeds.torch_seed(3, seeds.INIT) == seeds.torch_seed(3, seeds.INIT) < 2**63
 
 
-@pytest.mark.parametrize("args", [
-    (0, seeds.TEACHERS, M32),          # old code: [0, 4, 2**32] == [0, 4, 0, 1]: an alias
-    (0, seeds.TEACHERS, -1),
-    (0, seeds.SHUFFLE, 1, 2, 3, 4),    # more than three key words
-    (-1, seeds.INIT),
-    (0, 99),                           # unknown purpose
-    (0, seeds.TEACHERS, 1.0),          # not an integer
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        (0, seeds.TEACHERS, M32),  # old code: [0, 4, 2**32] == [0, 4, 0, 1]: an alias
+        (0, seeds.TEACHERS, -1),
+        (0, seeds.SHUFFLE, 1, 2, 3, 4),  # more than three key words
+        (-1, seeds.INIT),
+        (0, 99),  # unknown purpose
+        (0, seeds.TEACHERS, 1.0),  # not an integer
+    ],
+)
 def test_keys_outside_the_encoding_are_rejected(args):
     with pytest.raises((ValueError, TypeError)):
         seeds.rng(*args)
 
 
 def test_large_seeds_still_give_distinct_streams():
-    big = [0, 1, M32 - 1, M32, M32 + 1, 2 ** 64 + 5]
+    big = [0, 1, M32 - 1, M32, M32 + 1, 2**64 + 5]
     states = {state(seeds.rng(s, seeds.TEACHERS, 0)) for s in big}
     assert len(states) == len(big)
 
@@ -71,7 +75,7 @@ def test_large_seeds_still_give_distinct_streams():
 # numpy/random/bit_generator.pyx (SeedSequence, after O'Neill's seed_seq_fe): constants and steps.
 INIT_A, MULT_A, INIT_B, MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
 MIX_MULT_L, MIX_MULT_R = 0xCA01F9DD, 0x4973F715
-PCG_MULT = (2549297995355413924 << 64) + 4865540595714422341   # PCG_DEFAULT_MULTIPLIER_128
+PCG_MULT = (2549297995355413924 << 64) + 4865540595714422341  # PCG_DEFAULT_MULTIPLIER_128
 
 
 def hash_constants(start: int, mult: int, n: int) -> list[tuple[int, int]]:
@@ -90,7 +94,7 @@ def hashmix(v: int, k: tuple[int, int]) -> int:
 
 
 def unhash(v: int, k: tuple[int, int]) -> int:
-    v ^= v >> 16                      # x ^ (x >> 16) is its own inverse on 32 bits
+    v ^= v >> 16  # x ^ (x >> 16) is its own inverse on 32 bits
     return (v * pow(k[1], -1, M32) % M32) ^ k[0]
 
 
@@ -106,16 +110,16 @@ def invert_seed_sequence(out: list[int], tail: list[int]) -> list[int]:
     ka = hash_constants(INIT_A, MULT_A, 4 + len(pairs) + 4 * len(tail))
     kb = hash_constants(INIT_B, MULT_B, 4)
     pool = [unhash(out[i], kb[i]) for i in range(4)]
-    calls = iter(reversed(ka[4 + len(pairs):]))
+    calls = iter(reversed(ka[4 + len(pairs) :]))
     for word in reversed(tail):
         for d in reversed(range(4)):
             pool[d] = unmix(pool[d], hashmix(word, next(calls)))
-    for (s, d), k in reversed(list(zip(pairs, ka[4:4 + len(pairs)]))):
+    for (s, d), k in reversed(list(zip(pairs, ka[4 : 4 + len(pairs)]))):
         pool[d] = unmix(pool[d], hashmix(pool[s], k))
     return [unhash(pool[i], ka[i]) for i in range(4)]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 7, M32 - 1, 2 ** 40 + 3])
+@pytest.mark.parametrize("seed", [0, 1, 7, M32 - 1, 2**40 + 3])
 def test_seed_sequence_is_a_bijection_of_the_four_key_words(seed):
     tail = [seed >> (32 * i) & (M32 - 1) for i in range(max(1, (seed.bit_length() + 31) // 32))]  # numpy's split
     draws = np.random.default_rng(1).integers(0, M32, size=(200, 4)).tolist()
@@ -125,12 +129,14 @@ def test_seed_sequence_is_a_bijection_of_the_four_key_words(seed):
         assert invert_seed_sequence(ss.generate_state(4).tolist(), tail) == words
         # PCG64 seeding: state = ((inc + initstate) * MULT + inc) mod 2**128, inc = 2 initseq + 1
         v = [int(x) for x in ss.generate_state(4, np.uint64)]
-        initstate, inc = (v[0] << 64) | v[1], (((v[2] << 64) | v[3]) << 1 | 1) % 2 ** 128
+        initstate, inc = (v[0] << 64) | v[1], (((v[2] << 64) | v[3]) << 1 | 1) % 2**128
         pcg = np.random.default_rng(ss).bit_generator.state["state"]
-        assert (pcg["state"], pcg["inc"]) == (((inc + initstate) * PCG_MULT + inc) % 2 ** 128, inc)
+        assert (pcg["state"], pcg["inc"]) == (((inc + initstate) * PCG_MULT + inc) % 2**128, inc)
     # and seeds hands SeedSequence exactly those words followed by the seed
-    assert np.array_equal(seeds.seed_sequence(seed, seeds.SHUFFLE, 3, 17, 0).generate_state(8),
-                          np.random.SeedSequence([*keys[0], seed]).generate_state(8))
+    assert np.array_equal(
+        seeds.seed_sequence(seed, seeds.SHUFFLE, 3, 17, 0).generate_state(8),
+        np.random.SeedSequence([*keys[0], seed]).generate_state(8),
+    )
 
 
 def test_entropy_words_are_the_documented_layout():
@@ -162,7 +168,7 @@ def enumerate_streams(clients: int, rounds: int, epochs: int, classes: int):
             yield kind, purpose, tuple(int(k) for k in key)
 
 
-@pytest.mark.parametrize("seed, split_seed", [(0, 0), (3, 0), (2 ** 40, 7)])
+@pytest.mark.parametrize("seed, split_seed", [(0, 0), (3, 0), (2**40, 7)])
 def test_every_stream_of_a_run_is_distinct(seed, split_seed):
     numpy_states, torch_seeds = [], []
     for kind, purpose, key in enumerate_streams(clients=16, rounds=40, epochs=3, classes=8):
@@ -206,7 +212,7 @@ def test_a_real_run_draws_only_enumerated_distinct_streams(tmp_path):
     shapes = {(kind, purpose, len(names)) for kind, purpose, names in STREAMS}
     seen, by_name = set(), {}
     for call in calls:
-        if call["kind"] == "foreign":   # a SeedSequence made outside mpicd.seeds
+        if call["kind"] == "foreign":  # a SeedSequence made outside mpicd.seeds
             by_name.setdefault(("foreign", tuple(call["entropy"])), set()).add(tuple(call["state"]))
             continue
         kind, purpose, key = call["kind"], call["purpose"], tuple(call["key"])
@@ -215,8 +221,14 @@ def test_a_real_run_draws_only_enumerated_distinct_streams(tmp_path):
         value = tuple(call["state"]) if kind == "rng" else (call["state"] % M32,)
         by_name.setdefault((kind, call["seed"], purpose, key), set()).add(value)
     # every stream of the run was drawn: init, shuffles, partition, teachers, per-batch teachers, k-subsets
-    assert seen >= {("rng", seeds.PARTITION), ("torch", seeds.INIT), ("rng", seeds.SHUFFLE),
-                    ("rng", seeds.TEACHERS), ("rng", seeds.BATCH_TEACHERS), ("rng", seeds.K_SUBSET)}
+    assert seen >= {
+        ("rng", seeds.PARTITION),
+        ("torch", seeds.INIT),
+        ("rng", seeds.SHUFFLE),
+        ("rng", seeds.TEACHERS),
+        ("rng", seeds.BATCH_TEACHERS),
+        ("rng", seeds.K_SUBSET),
+    }
     assert sum(1 for name in by_name if name[0] == "rng" and name[2] == seeds.SHUFFLE) == 4 * 3 * 2
     # one name -> one state on every rank, and distinct names -> distinct states
     assert all(len(values) == 1 for values in by_name.values())

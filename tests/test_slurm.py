@@ -23,8 +23,12 @@ JOB_TIMEOUT = 240
 
 def job_env(slurm, **more) -> dict:
     """What sbatch exports to the job: the test cluster, root's Open MPI consent, unbuffered Python."""
-    return {**mpi_env(), **{k: v for k, v in slurm.env.items() if k in ("SLURM_CONF", "PATH")},
-            "PYTHONUNBUFFERED": "1", **more}
+    return {
+        **mpi_env(),
+        **{k: v for k, v in slurm.env.items() if k in ("SLURM_CONF", "PATH")},
+        "PYTHONUNBUFFERED": "1",
+        **more,
+    }
 
 
 def sbatch(slurm, *args: str, env: dict, wait: bool = True, timeout: float = JOB_TIMEOUT) -> tuple[int, str]:
@@ -33,7 +37,9 @@ def sbatch(slurm, *args: str, env: dict, wait: bool = True, timeout: float = JOB
     try:
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as err:
-        pytest.fail(f"{' '.join(command)} did not finish within {timeout} s\n{err.stdout}\n{err.stderr}\n{slurm.logs()}")
+        pytest.fail(
+            f"{' '.join(command)} did not finish within {timeout} s\n{err.stdout}\n{err.stderr}\n{slurm.logs()}"
+        )
     job = done.stdout.strip().split(";")[0].splitlines()[0] if done.stdout.strip() else ""
     assert job.isdigit(), f"sbatch did not submit: {done.stdout}\n{done.stderr}\n{slurm.logs()}"
     return done.returncode, job
@@ -57,8 +63,18 @@ def valid_rows(path: Path, rows: int) -> None:
 @pytest.mark.slurm
 def test_one_run_with_srun_pmix(slurm, tmp_path):
     out = tmp_path / "srun.h5"
-    rc, job = sbatch(slurm, "--ntasks=2", f"--output={tmp_path}/%j.out", "slurm/mpicd.sbatch", str(QUICKSTART),
-                     "clients=2", "rounds=2", "--out", str(out), env=job_env(slurm))
+    rc, job = sbatch(
+        slurm,
+        "--ntasks=2",
+        f"--output={tmp_path}/%j.out",
+        "slurm/mpicd.sbatch",
+        str(QUICKSTART),
+        "clients=2",
+        "rounds=2",
+        "--out",
+        str(out),
+        env=job_env(slurm),
+    )
     log = (tmp_path / f"{job}.out").read_text()
     assert rc == 0, log
     assert "launching srun --mpi=pmix --kill-on-bad-exit=1 python -m mpicd run" in log
@@ -69,8 +85,18 @@ def test_one_run_with_srun_pmix(slurm, tmp_path):
 @pytest.mark.slurm
 def test_one_run_with_mpirun_inside_the_allocation(slurm, tmp_path):
     out = tmp_path / "mpirun.h5"
-    rc, job = sbatch(slurm, "--ntasks=2", f"--output={tmp_path}/%j.out", "slurm/mpicd.sbatch", str(QUICKSTART),
-                     "clients=2", "rounds=2", "--out", str(out), env=job_env(slurm, MPICD_LAUNCHER="mpirun"))
+    rc, job = sbatch(
+        slurm,
+        "--ntasks=2",
+        f"--output={tmp_path}/%j.out",
+        "slurm/mpicd.sbatch",
+        str(QUICKSTART),
+        "clients=2",
+        "rounds=2",
+        "--out",
+        str(out),
+        env=job_env(slurm, MPICD_LAUNCHER="mpirun"),
+    )
     log = (tmp_path / f"{job}.out").read_text()
     assert rc == 0, log
     assert "launching mpirun -n 2 python -m mpicd run" in log
@@ -79,9 +105,18 @@ def test_one_run_with_mpirun_inside_the_allocation(slurm, tmp_path):
 
 @pytest.mark.slurm
 def test_a_failed_launch_says_what_to_try(slurm, tmp_path):
-    rc, job = sbatch(slurm, "--ntasks=2", f"--output={tmp_path}/%j.out", "slurm/mpicd.sbatch", str(QUICKSTART),
-                     "clients=2", "rounds=2", "--out", str(tmp_path / "never.h5"),
-                     env=job_env(slurm, MPICD_SRUN_ARGS="--mpi=none"))  # Open MPI cannot start without PMIx
+    rc, job = sbatch(
+        slurm,
+        "--ntasks=2",
+        f"--output={tmp_path}/%j.out",
+        "slurm/mpicd.sbatch",
+        str(QUICKSTART),
+        "clients=2",
+        "rounds=2",
+        "--out",
+        str(tmp_path / "never.h5"),
+        env=job_env(slurm, MPICD_SRUN_ARGS="--mpi=none"),
+    )  # Open MPI cannot start without PMIx
     log = (tmp_path / f"{job}.out").read_text()
     assert rc not in (0, 2), log
     hint = log.strip().splitlines()[-1]
@@ -97,11 +132,28 @@ def swept(slurm, tmp_path_factory):
     """A 3-run sweep (2 clients, 2 rounds each) submitted as one job array: (sweep file, folder, job id)."""
     tmp = tmp_path_factory.mktemp("sweep")
     sweep = tmp / "sweep.yaml"
-    sweep.write_text(yaml.safe_dump({"config": str(QUICKSTART), "output_dir": str(tmp / "out"), "grid": {
-        "algorithm": [{"name": "local"}, {"name": "fedavg"}, {"name": "codistill"}],
-        "clients": [2], "rounds": [2]}}))
-    rc, job = sbatch(slurm, f"--array=0-{SWEEP_RUNS - 1}", "--ntasks=2", f"--output={tmp}/first-%A_%a.out",
-                     "slurm/sweep.sbatch", str(sweep), env=job_env(slurm))
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "config": str(QUICKSTART),
+                "output_dir": str(tmp / "out"),
+                "grid": {
+                    "algorithm": [{"name": "local"}, {"name": "fedavg"}, {"name": "codistill"}],
+                    "clients": [2],
+                    "rounds": [2],
+                },
+            }
+        )
+    )
+    rc, job = sbatch(
+        slurm,
+        f"--array=0-{SWEEP_RUNS - 1}",
+        "--ntasks=2",
+        f"--output={tmp}/first-%A_%a.out",
+        "slurm/sweep.sbatch",
+        str(sweep),
+        env=job_env(slurm),
+    )
     assert rc == 0, "\n".join(p.read_text() for p in sorted(tmp.glob("first-*.out")))
     return sweep, tmp, job
 
@@ -130,8 +182,15 @@ def test_resubmitted_array_reruns_exactly_the_missing_run(slurm, swept):
     files = sweep_outputs(sweep)
     before = [p.stat().st_mtime_ns for p in files]
     files[1].unlink()
-    rc, job = sbatch(slurm, f"--array=0-{SWEEP_RUNS - 1}", "--ntasks=2", f"--output={tmp}/again-%A_%a.out",
-                     "slurm/sweep.sbatch", str(sweep), env=job_env(slurm))
+    rc, job = sbatch(
+        slurm,
+        f"--array=0-{SWEEP_RUNS - 1}",
+        "--ntasks=2",
+        f"--output={tmp}/again-%A_%a.out",
+        "slurm/sweep.sbatch",
+        str(sweep),
+        env=job_env(slurm),
+    )
     logs = [(tmp / f"again-{job}_{i}.out").read_text() for i in range(SWEEP_RUNS)]
     assert rc == 0, "\n".join(logs)
     ran = [i for i, log in enumerate(logs) if "launching srun" in log]
@@ -149,15 +208,18 @@ def test_wrong_ntasks_is_one_message_naming_ntasks(slurm, tmp_path, script):
         args = ["--ntasks=3", f"slurm/{script}", str(QUICKSTART), "rounds=2", "--out", str(out)]
     else:
         sweep = tmp_path / "sweep.yaml"
-        sweep.write_text(yaml.safe_dump({"config": str(QUICKSTART), "output_dir": str(tmp_path),
-                                         "grid": {"clients": [2]}}))
+        sweep.write_text(
+            yaml.safe_dump({"config": str(QUICKSTART), "output_dir": str(tmp_path), "grid": {"clients": [2]}})
+        )
         args = ["--ntasks=3", "--array=0", f"slurm/{script}", str(sweep)]
     rc, _ = sbatch(slurm, f"--output={tmp_path}/%x.out", *args, env=job_env(slurm))
     log = next(tmp_path.glob("*.out")).read_text()
     assert rc == 2, log
     lines = log.strip().splitlines()
     needed = 4 if script == "mpicd.sbatch" else 2
-    assert len(lines) == 1 and "this job has 3 (--ntasks=3)" in lines[0] and f"sbatch --ntasks={needed}" in lines[0], log
+    assert len(lines) == 1 and "this job has 3 (--ntasks=3)" in lines[0] and f"sbatch --ntasks={needed}" in lines[0], (
+        log
+    )
     assert not any(tmp_path.glob("*.h5"))
 
 
@@ -180,11 +242,24 @@ def job_processes(job: str) -> list[str]:
 def test_scancel_leaves_nothing_running_and_a_readable_file(slurm, tmp_path):
     out = tmp_path / "long.h5"
     log = tmp_path / "long.out"
-    _, job = sbatch(slurm, "--ntasks=2", f"--output={log}", "slurm/mpicd.sbatch", str(QUICKSTART), "clients=2",
-                    "rounds=100000", "--out", str(out), env=job_env(slurm), wait=False)
+    _, job = sbatch(
+        slurm,
+        "--ntasks=2",
+        f"--output={log}",
+        "slurm/mpicd.sbatch",
+        str(QUICKSTART),
+        "clients=2",
+        "rounds=100000",
+        "--out",
+        str(out),
+        env=job_env(slurm),
+        wait=False,
+    )
     deadline = time.monotonic() + JOB_TIMEOUT
     while not (log.is_file() and re.search(r"round\s+3/", log.read_text())):
-        assert time.monotonic() < deadline, f"no third round within {JOB_TIMEOUT} s:\n{log.read_text() if log.is_file() else ''}"
+        assert time.monotonic() < deadline, (
+            f"no third round within {JOB_TIMEOUT} s:\n{log.read_text() if log.is_file() else ''}"
+        )
         time.sleep(0.5)
     assert job_processes(job), "the job's processes are not visible"
     cancel = slurm.run("scancel", job)
@@ -203,9 +278,14 @@ def test_scripts_run_outside_slurm_under_set_u(tmp_path):
     """No SLURM_* at all: mpirun is the launcher, the config's clients the rank count."""
     env = {k: v for k, v in mpi_env().items() if not k.startswith("SLURM_")}
     out = tmp_path / "plain.h5"
-    done = subprocess.run(["bash", "slurm/mpicd.sbatch", str(QUICKSTART), "clients=2", "rounds=1", "--out", str(out)],
-                          cwd=ROOT, env={**env, "OMPI_MCA_rmaps_base_oversubscribe": "1"}, capture_output=True,
-                          text=True, timeout=JOB_TIMEOUT)
+    done = subprocess.run(
+        ["bash", "slurm/mpicd.sbatch", str(QUICKSTART), "clients=2", "rounds=1", "--out", str(out)],
+        cwd=ROOT,
+        env={**env, "OMPI_MCA_rmaps_base_oversubscribe": "1"},
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "launching mpirun -n 2 python -m mpicd run" in done.stdout
     complete(out, 1)
@@ -229,6 +309,7 @@ def follow_requeue(slurm, job: str, log: Path, timeout: float = JOB_TIMEOUT) -> 
     """Wait until the requeued job has run again and finished; lift Slurm's hold on a requeued
     job (BeginTime). The first run's end passes through transient states, so wait for the
     second launch in the (appended) log first."""
+
     def finished() -> bool:
         state, reason = job_state(slurm, job)
         # Slurm delays a requeued job so that its previous step can be cleaned up; lift the delay
@@ -238,6 +319,7 @@ def follow_requeue(slurm, job: str, log: Path, timeout: float = JOB_TIMEOUT) -> 
             slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
         relaunched = log.read_text().count("mpicd: launching") >= 2
         return relaunched and state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "GONE")
+
     wait_for(finished, timeout, f"job {job} to run again and finish after its requeue")
 
 
@@ -254,11 +336,23 @@ def test_usr1_near_the_time_limit_requeues_and_the_run_resumes_exactly(slurm, tm
     reference = tmp_path / "reference.h5"
     mpicd_run(2, *args[:1], reference, *args[1:], timeout=JOB_TIMEOUT)
     out, log = tmp_path / "requeued.h5", tmp_path / "requeued.out"
-    _, job = sbatch(slurm, "--ntasks=2", f"--output={log}", "slurm/mpicd.sbatch", *args, "--out", str(out),
-                    env=job_env(slurm), wait=False)
+    _, job = sbatch(
+        slurm,
+        "--ntasks=2",
+        f"--output={log}",
+        "slurm/mpicd.sbatch",
+        *args,
+        "--out",
+        str(out),
+        env=job_env(slurm),
+        wait=False,
+    )
     folder = checkpoint.folder_for(out)
-    wait_for(lambda: all(checkpoint.available(folder, r) and max(checkpoint.available(folder, r)) >= 3
-                         for r in (0, 1)), JOB_TIMEOUT, "the third round's checkpoint")
+    wait_for(
+        lambda: all(checkpoint.available(folder, r) and max(checkpoint.available(folder, r)) >= 3 for r in (0, 1)),
+        JOB_TIMEOUT,
+        "the third round's checkpoint",
+    )
     signalled = slurm.run("scancel", "--signal=USR1", "--batch", job)  # what --signal=B:USR1@120 does
     assert signalled.returncode == 0, signalled.stderr
     follow_requeue(slurm, job, log)
@@ -278,18 +372,31 @@ def test_usr1_near_the_time_limit_requeues_and_the_run_resumes_exactly(slurm, tm
 @pytest.mark.slurm
 def test_pack_runs_a_sweep_in_one_allocation(slurm, tmp_path):
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(yaml.safe_dump({"config": str(QUICKSTART), "output_dir": str(tmp_path / "out"), "grid": {
-        "algorithm": [{"name": "local"}, {"name": "fedavg"}, {"name": "codistill"}],
-        "clients": [2], "rounds": [2], "seed": [0, 1]}}))
-    rc, job = sbatch(slurm, "--ntasks=4", f"--output={tmp_path}/%j.out", "slurm/pack.sbatch", str(sweep),
-                     env=job_env(slurm))
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "config": str(QUICKSTART),
+                "output_dir": str(tmp_path / "out"),
+                "grid": {
+                    "algorithm": [{"name": "local"}, {"name": "fedavg"}, {"name": "codistill"}],
+                    "clients": [2],
+                    "rounds": [2],
+                    "seed": [0, 1],
+                },
+            }
+        )
+    )
+    rc, job = sbatch(
+        slurm, "--ntasks=4", f"--output={tmp_path}/%j.out", "slurm/pack.sbatch", str(sweep), env=job_env(slurm)
+    )
     log = (tmp_path / f"{job}.out").read_text()
     assert rc == 0, log
     assert "launching srun --mpi=pmix --kill-on-bad-exit=1 python -m mpicd pack" in log, log
     assert "6 pending; 4 ranks = 2 groups of 2" in log, log
     for path in sweep_outputs(sweep):
         complete(path, 2)
-    rc, job = sbatch(slurm, "--ntasks=4", f"--output={tmp_path}/%j.out", "slurm/pack.sbatch", str(sweep),
-                     env=job_env(slurm))
+    rc, job = sbatch(
+        slurm, "--ntasks=4", f"--output={tmp_path}/%j.out", "slurm/pack.sbatch", str(sweep), env=job_env(slurm)
+    )
     log = (tmp_path / f"{job}.out").read_text()
     assert rc == 0 and "0 pending" in log, log

@@ -17,28 +17,43 @@ def sweep_file(tmp_path, grid, **extra):
     import yaml
 
     path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump({"config": str(QUICKSTART), "output_dir": str(tmp_path / "out"),
-                                    "grid": grid, **extra}, sort_keys=False))
+    path.write_text(
+        yaml.safe_dump(
+            {"config": str(QUICKSTART), "output_dir": str(tmp_path / "out"), "grid": grid, **extra}, sort_keys=False
+        )
+    )
     return path
 
 
 def test_grid_expands_in_order_with_named_outputs(tmp_path):
-    runs = load_sweep(sweep_file(tmp_path, {"algorithm": [{"name": "codistill", "lambda": 0.5}, {"name": "local"}],
-                                            "data.skew": [0.2, 0.9], "clients": [2]}))
+    runs = load_sweep(
+        sweep_file(
+            tmp_path,
+            {
+                "algorithm": [{"name": "codistill", "lambda": 0.5}, {"name": "local"}],
+                "data.skew": [0.2, 0.9],
+                "clients": [2],
+            },
+        )
+    )
     assert [r.overrides for r in runs[:2]] == [
         ("algorithm={lambda: 0.5, name: codistill}", "data.skew=0.2", "clients=2"),
-        ("algorithm={lambda: 0.5, name: codistill}", "data.skew=0.9", "clients=2")]
+        ("algorithm={lambda: 0.5, name: codistill}", "data.skew=0.9", "clients=2"),
+    ]
     assert len(runs) == 4 and all(r.ranks == 2 and r.rounds == 20 for r in runs)
     assert runs[3].output.name == "0003_algorithm=local_skew=0.9_clients=2.h5"
     assert not any(is_done(r) for r in runs)
 
 
-@pytest.mark.parametrize("grid, extra, match", [
-    ({"data.skew": [0.2, 1.5]}, {}, "run 1 .*data.skew: must be < 1"),
-    ({"algorithm": [{"name": "nope"}]}, {}, "algorithm.name"),
-    ({"data.skew": []}, {}, "grid.data.skew"),
-    ({"seed": [0]}, {"colour": "red"}, "colour"),
-])
+@pytest.mark.parametrize(
+    "grid, extra, match",
+    [
+        ({"data.skew": [0.2, 1.5]}, {}, "run 1 .*data.skew: must be < 1"),
+        ({"algorithm": [{"name": "nope"}]}, {}, "algorithm.name"),
+        ({"data.skew": []}, {}, "grid.data.skew"),
+        ({"seed": [0]}, {"colour": "red"}, "colour"),
+    ],
+)
 def test_bad_sweeps_name_the_run_and_key(tmp_path, grid, extra, match):
     with pytest.raises(ConfigError, match=match):
         load_sweep(sweep_file(tmp_path, grid, **extra))
@@ -52,30 +67,50 @@ def tiny_sweep(tmp_path_factory):
 
 def test_workstation_sweep_runs_everything_then_resumes(tiny_sweep):
     env = mpi_env()
-    first = subprocess.run(["bash", "jobs/sweep.sh", str(tiny_sweep)], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=300)
+    first = subprocess.run(
+        ["bash", "jobs/sweep.sh", str(tiny_sweep)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert first.returncode == 0, first.stderr
     assert first.stdout.count("=== run") == 2
     runs = load_sweep(tiny_sweep)
     assert all(is_done(r) for r in runs)
     assert Results(runs[1].output).attrs["algorithm"] == "codistill"
-    again = subprocess.run(["bash", "jobs/sweep.sh", str(tiny_sweep)], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=120)
+    again = subprocess.run(
+        ["bash", "jobs/sweep.sh", str(tiny_sweep)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert again.returncode == 0 and "=== run" not in again.stdout
 
 
 def test_slurm_scripts_with_mpirun_as_launcher(tmp_path):
     sweep = sweep_file(tmp_path, {"algorithm": [{"name": "local"}, {"name": "fedavg"}], "clients": [2], "rounds": [2]})
-    env = {**mpi_env(), "MPICD_LAUNCHER": "mpirun", "SLURM_NTASKS": "2", "SLURM_SUBMIT_DIR": str(ROOT),
-           "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    env = {
+        **mpi_env(),
+        "MPICD_LAUNCHER": "mpirun",
+        "SLURM_NTASKS": "2",
+        "SLURM_SUBMIT_DIR": str(ROOT),
+        "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
+    }
     out = tmp_path / "one.h5"
-    single = subprocess.run(["bash", "slurm/mpicd.sbatch", str(QUICKSTART), "clients=2", "rounds=2", "--out", str(out)],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    single = subprocess.run(
+        ["bash", "slurm/mpicd.sbatch", str(QUICKSTART), "clients=2", "rounds=2", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert single.returncode == 0, single.stderr
     assert Results(out).completed_rounds == 2
+
     def array_task(index, **more):
-        return subprocess.run(["bash", "slurm/sweep.sbatch", str(sweep)], cwd=ROOT, capture_output=True, text=True,
-                              env={**env, "SLURM_ARRAY_TASK_ID": str(index), **more}, timeout=180)
+        return subprocess.run(
+            ["bash", "slurm/sweep.sbatch", str(sweep)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**env, "SLURM_ARRAY_TASK_ID": str(index), **more},
+            timeout=180,
+        )
 
     first = array_task(1)
     assert first.returncode == 0, first.stderr

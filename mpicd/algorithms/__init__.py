@@ -33,15 +33,21 @@ def resolve(section: dict) -> tuple[type[Algorithm], object]:
     return cls, from_mapping(cls.Params, fields, "algorithm", also_known=("name",))
 
 
-MPI_OPERATIONS = {"p2p": "Isend/Irecv + Waitall", "allreduce": "Allreduce (SUM)", "allgather": "Allgather",
-                  "bcast": "Bcast"}
+MPI_OPERATIONS = {
+    "p2p": "Isend/Irecv + Waitall",
+    "allreduce": "Allreduce (SUM)",
+    "allgather": "Allgather",
+    "bcast": "Bcast",
+}
 
 
 def payload_table() -> str:
     """README's "What leaves a rank" table, from every algorithm's ``payloads`` declaration."""
-    lines = ["| `algorithm.name` | options | what leaves the rank each round | shape (float32) | "
-             "MPI operation (ledger kind) | bytes sent | bytes received |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| `algorithm.name` | options | what leaves the rank each round | shape (float32) | "
+        "MPI operation (ledger kind) | bytes sent | bytes received |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, cls in REGISTRY.items():
         if not cls.payloads:
             lines.append(f"| `{name}` | – | nothing | – | – | 0 | 0 |")
@@ -49,8 +55,10 @@ def payload_table() -> str:
             options = ", ".join(f"`{key}: {value}`" for key, value in p.when) or "–"
             if p.when and p.applies(cls.Params()):
                 options += " (default)"
-            lines.append(f"| `{name}` | {options} | {p.what} | {p.shape} | {MPI_OPERATIONS[p.kind]} (`{p.kind}`) | "
-                         f"{p.sent.replace('*', '·')} | {p.recv.replace('*', '·')} |")
+            lines.append(
+                f"| `{name}` | {options} | {p.what} | {p.shape} | {MPI_OPERATIONS[p.kind]} (`{p.kind}`) | "
+                f"{p.sent.replace('*', '·')} | {p.recv.replace('*', '·')} |"
+            )
     return "\n".join(lines)
 
 

@@ -31,8 +31,8 @@ class Context:
     device: torch.device
     seed: int
     num_classes: int
-    expertise: np.ndarray            # (clients,) expertise class of every client
-    train_x: torch.Tensor            # this client's training data, on ``device``
+    expertise: np.ndarray  # (clients,) expertise class of every client
+    train_x: torch.Tensor  # this client's training data, on ``device``
     train_y: torch.Tensor
 
     @property
@@ -72,9 +72,13 @@ class Sizes:
 
     @classmethod
     def of(cls, model: FeatureHeadModel, clients: int) -> "Sizes":
-        return cls(N=clients, C=model.num_classes, D=model.feature_dim,
-                   P=sum(p.numel() for p in model.parameters()),
-                   B=sum(b.numel() for b in model.buffers() if b.is_floating_point()))
+        return cls(
+            N=clients,
+            C=model.num_classes,
+            D=model.feature_dim,
+            P=sum(p.numel() for p in model.parameters()),
+            B=sum(b.numel() for b in model.buffers() if b.is_floating_point()),
+        )
 
 
 _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
@@ -103,7 +107,7 @@ class Payload:
     option values under which it applies (empty: always).
     """
 
-    kind: str            # one of mpicd.ledger.KINDS
+    kind: str  # one of mpicd.ledger.KINDS
     what: str
     shape: str
     sent: str

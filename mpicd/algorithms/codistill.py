@@ -52,22 +52,39 @@ class CoDistillParams:
     k: Union[int, Literal["all"]] = spec("all", ge=1, doc="images the teacher averages per class; all = every one")
     teacher_per: Literal["round", "batch"] = spec("round", doc="batch: a new teacher each minibatch (authors' code)")
     classes: Literal["expertise", "all"] = spec(
-        "expertise", doc="all: every class against the teacher's per-class means (authors' code)")
+        "expertise", doc="all: every class against the teacher's per-class means (authors' code)"
+    )
 
 
 class CoDistillation(Algorithm):
     name = "codistill"
     Params = CoDistillParams
     payloads = (
-        Payload("p2p", "the mean feature vector R (eval mode) of k images of its expertise class, to each "
-                       "of its S students this round; R from its own teacher",
-                "(1, D) per message", sent="4*D*S", recv="4*D",
-                when=(("teacher_per", "round"), ("classes", "expertise"))),
-        Payload("allgather", "R as above, to every rank (any rank may teach a minibatch)",
-                "(1, D) block, (N, 1, D) gathered", sent="4*D", recv="4*N*D",
-                when=(("teacher_per", "batch"), ("classes", "expertise"))),
-        Payload("allgather", "its mean feature vector of each class (eval mode, k images each), to every rank",
-                "(C, D) block, (N, C, D) gathered", sent="4*C*D", recv="4*N*C*D", when=(("classes", "all"),)),
+        Payload(
+            "p2p",
+            "the mean feature vector R (eval mode) of k images of its expertise class, to each "
+            "of its S students this round; R from its own teacher",
+            "(1, D) per message",
+            sent="4*D*S",
+            recv="4*D",
+            when=(("teacher_per", "round"), ("classes", "expertise")),
+        ),
+        Payload(
+            "allgather",
+            "R as above, to every rank (any rank may teach a minibatch)",
+            "(1, D) block, (N, 1, D) gathered",
+            sent="4*D",
+            recv="4*N*D",
+            when=(("teacher_per", "batch"), ("classes", "expertise")),
+        ),
+        Payload(
+            "allgather",
+            "its mean feature vector of each class (eval mode, k images each), to every rank",
+            "(C, D) block, (N, C, D) gathered",
+            sent="4*C*D",
+            recv="4*N*C*D",
+            when=(("classes", "all"),),
+        ),
     )
 
     @classmethod
@@ -83,15 +100,19 @@ class CoDistillation(Algorithm):
             shared = range(train_counts.shape[1]) if params.classes == "all" else [int(expert)]
             for c in shared:
                 if params.k > train_counts[client, c]:
-                    raise ConfigError("algorithm.k", f"is {params.k}, but client {client} has only "
-                                                     f"{int(train_counts[client, c])} images of class {c}")
+                    raise ConfigError(
+                        "algorithm.k",
+                        f"is {params.k}, but client {client} has only "
+                        f"{int(train_counts[client, c])} images of class {c}",
+                    )
 
     def __init__(self, params: CoDistillParams, ctx: Context):
         super().__init__(params, ctx)
         self.teachers = np.full(ctx.size, -1, dtype=np.int64)
-        self.shared_classes = (list(range(ctx.num_classes)) if params.classes == "all"
-                               else [int(ctx.expertise[ctx.rank])])
-        self.received: dict[int, torch.Tensor] = {}   # teacher -> its (classes shared, D) means
+        self.shared_classes = (
+            list(range(ctx.num_classes)) if params.classes == "all" else [int(ctx.expertise[ctx.rank])]
+        )
+        self.received: dict[int, torch.Tensor] = {}  # teacher -> its (classes shared, D) means
         self.batch_teachers: np.random.Generator | None = None
 
     def subset(self, round_index: int, c: int) -> torch.Tensor:
@@ -102,7 +123,8 @@ class CoDistillation(Algorithm):
         if self.params.k == "all":
             return index
         pick = seeds.rng(ctx.seed, seeds.K_SUBSET, ctx.rank, round_index, c).choice(
-            len(index), size=self.params.k, replace=False)
+            len(index), size=self.params.k, replace=False
+        )
         return index[torch.as_tensor(np.sort(pick), device=index.device)]
 
     def class_means(self, round_index: int) -> np.ndarray:
@@ -116,8 +138,10 @@ class CoDistillation(Algorithm):
         with torch.no_grad():
             for c in self.shared_classes:
                 index = self.subset(round_index, c)
-                total = sum(model.features(ctx.train_x[index[i: i + MEAN_CHUNK]]).sum(dim=0)
-                            for i in range(0, len(index), MEAN_CHUNK))
+                total = sum(
+                    model.features(ctx.train_x[index[i : i + MEAN_CHUNK]]).sum(dim=0)
+                    for i in range(0, len(index), MEAN_CHUNK)
+                )
                 rows.append(total / len(index))
         model.train(was_training)
         return np.ascontiguousarray(torch.stack(rows).cpu().numpy(), dtype=np.float32)
@@ -150,8 +174,9 @@ class CoDistillation(Algorithm):
         mine = (np.zeros(0, dtype=np.float32) if nothing else self.class_means(round_index)) if len(students) else None
         teacher = int(self.teachers[ctx.rank])
         received = np.empty((1, ctx.model.feature_dim), dtype=np.float32)
-        (got,) = ctx.comm.exchange([(int(s), mine) for s in students], [(teacher, received)],
-                                   tag=round_index % 32768, allow_empty=True)
+        (got,) = ctx.comm.exchange(
+            [(int(s), mine) for s in students], [(teacher, received)], tag=round_index % 32768, allow_empty=True
+        )
         self.received = {teacher: torch.from_numpy(received).to(ctx.device)} if got else {}
 
     def batch_teacher(self) -> int:

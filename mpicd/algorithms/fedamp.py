@@ -131,9 +131,17 @@ def ring(comm, own: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
         outgoing = incoming
 
 
-def streaming_cloud(own: np.ndarray, i: int, n: int, arrivals: Iterable[tuple[int, np.ndarray]],
-                    similarity: str, alpha: float, sigma: float, self_weight: float,
-                    scale: float) -> tuple[np.ndarray, np.ndarray]:
+def streaming_cloud(
+    own: np.ndarray,
+    i: int,
+    n: int,
+    arrivals: Iterable[tuple[int, np.ndarray]],
+    similarity: str,
+    alpha: float,
+    sigma: float,
+    self_weight: float,
+    scale: float,
+) -> tuple[np.ndarray, np.ndarray]:
     """Row i of xi and u_i (float32) from the other models seen once each, in any order.
 
     What :func:`gaussian_weights` / :func:`cosine_weights` and :func:`cloud_model` compute from all
@@ -147,7 +155,7 @@ def streaming_cloud(own: np.ndarray, i: int, n: int, arrivals: Iterable[tuple[in
         return xi, own.copy()
     work = np.empty_like(u)
     own_norm = max(float(np.sqrt(np.square(own, out=work, dtype=np.float64).sum())), 1e-12)
-    top, total = -np.inf, 0.0                                      # cosine: running max and sum
+    top, total = -np.inf, 0.0  # cosine: running max and sum
     for j, w in arrivals:
         if similarity == "gaussian":
             np.subtract(w, own, out=work, dtype=np.float64)
@@ -155,7 +163,7 @@ def streaming_cloud(own: np.ndarray, i: int, n: int, arrivals: Iterable[tuple[in
         else:
             norm = max(float(np.sqrt(np.square(w, out=work, dtype=np.float64).sum())), 1e-12)
             cos = float(np.multiply(w, own, out=work, dtype=np.float64).sum()) / (norm * own_norm)
-            xi[j] = logit = scale * cos                             # the logit until the end
+            xi[j] = logit = scale * cos  # the logit until the end
             if logit > top:
                 u *= np.exp(top - logit)
                 total *= np.exp(top - logit)
@@ -177,21 +185,35 @@ def streaming_cloud(own: np.ndarray, i: int, n: int, arrivals: Iterable[tuple[in
 
 @dataclass
 class FedAMPParams:
-    lambda_: float = spec(0.1, ge=0.0, doc="weight of the proximal term (lambda / (2 alpha)) ||w - u_i||^2; "
-                                           "default measured, see mpicd/algorithms/fedamp.py")
-    sigma: float = spec(1e-4, gt=0.0, doc="kernel width per parameter (the formula's sigma is sigma * P); "
-                                           "default measured on the mlp and lenet")
+    lambda_: float = spec(
+        0.1,
+        ge=0.0,
+        doc="weight of the proximal term (lambda / (2 alpha)) ||w - u_i||^2; "
+        "default measured, see mpicd/algorithms/fedamp.py",
+    )
+    sigma: float = spec(
+        1e-4,
+        gt=0.0,
+        doc="kernel width per parameter (the formula's sigma is sigma * P); default measured on the mlp and lenet",
+    )
     alpha: Union[float, Literal["auto"]] = spec(
-        "auto", gt=0.0, doc="per parameter (the formula's alpha is alpha * P); auto: sigma / clients, so identical "
-                            "models are averaged equally; must be <= sigma / (clients - 1) so that xi_ii >= 0")
+        "auto",
+        gt=0.0,
+        doc="per parameter (the formula's alpha is alpha * P); auto: sigma / clients, so identical "
+        "models are averaged equally; must be <= sigma / (clients - 1) so that xi_ii >= 0",
+    )
     similarity: Literal["gaussian", "cosine"] = spec(
-        "gaussian", doc="gaussian: the paper's xi from squared distances; cosine: the heuristic HeurFedAMP")
+        "gaussian", doc="gaussian: the paper's xi from squared distances; cosine: the heuristic HeurFedAMP"
+    )
     self_weight: float = spec(0.5, ge=0.0, le=1.0, doc="cosine only: xi_ii")
-    cosine_scale: float = spec(10.0, gt=0.0,
-                               doc="cosine only: the other clients' weights are softmax(cosine_scale * cos)")
+    cosine_scale: float = spec(
+        10.0, gt=0.0, doc="cosine only: the other clients' weights are softmax(cosine_scale * cos)"
+    )
     exchange: Literal["allgather", "ring"] = spec(
-        "allgather", doc="allgather: every rank holds all N models (4P sent, 4NP received); ring: N - 1 p2p steps "
-                         "passing models on, at most 3 held (4(N-1)P sent and received), same result up to rounding")
+        "allgather",
+        doc="allgather: every rank holds all N models (4P sent, 4NP received); ring: N - 1 p2p steps "
+        "passing models on, at most 3 held (4(N-1)P sent and received), same result up to rounding",
+    )
 
 
 def alpha_per_parameter(params: FedAMPParams, clients: int) -> float:
@@ -203,27 +225,46 @@ class FedAMP(Algorithm):
     Params = FedAMPParams
     carried = ("xi", "cloud")
     payloads = (
-        Payload("allgather", "its flattened parameters w_i (BatchNorm statistics stay personal), to every rank",
-                "(P,) block, (N, P) gathered", sent="4*P", recv="4*N*P", when=(("exchange", "allgather"),)),
-        Payload("p2p", "its parameters, then each model it received, to the next rank in a ring (N - 1 steps)",
-                "(P,) per step", sent="4*(N-1)*P", recv="4*(N-1)*P", when=(("exchange", "ring"),)),
+        Payload(
+            "allgather",
+            "its flattened parameters w_i (BatchNorm statistics stay personal), to every rank",
+            "(P,) block, (N, P) gathered",
+            sent="4*P",
+            recv="4*N*P",
+            when=(("exchange", "allgather"),),
+        ),
+        Payload(
+            "p2p",
+            "its parameters, then each model it received, to the next rank in a ring (N - 1 steps)",
+            "(P,) per step",
+            sent="4*(N-1)*P",
+            recv="4*(N-1)*P",
+            when=(("exchange", "ring"),),
+        ),
     )
 
     @classmethod
     def check(cls, params: FedAMPParams, train_counts: np.ndarray, expertise: np.ndarray) -> None:
         clients = len(expertise)
-        if params.similarity == "gaussian" and params.alpha != "auto" and clients > 1 \
-                and params.alpha * (clients - 1) > params.sigma:
-            raise ConfigError("algorithm.alpha", f"is {params.alpha}, but with {clients} clients and sigma "
-                              f"{params.sigma} xi_ii = 1 - sum of the others could be negative; alpha must be "
-                              f"<= sigma / (clients - 1) = {params.sigma / (clients - 1):.6g} (or auto)")
+        if (
+            params.similarity == "gaussian"
+            and params.alpha != "auto"
+            and clients > 1
+            and params.alpha * (clients - 1) > params.sigma
+        ):
+            raise ConfigError(
+                "algorithm.alpha",
+                f"is {params.alpha}, but with {clients} clients and sigma "
+                f"{params.sigma} xi_ii = 1 - sum of the others could be negative; alpha must be "
+                f"<= sigma / (clients - 1) = {params.sigma / (clients - 1):.6g} (or auto)",
+            )
 
     def __init__(self, params: FedAMPParams, ctx: Context):
         super().__init__(params, ctx)
         self.num_parameters = sum(p.numel() for p in ctx.model.parameters())
-        self.alpha = alpha_per_parameter(params, ctx.size) * self.num_parameters   # the formula's alpha
-        self.sigma = params.sigma * self.num_parameters                             # the formula's sigma
-        self.xi: np.ndarray | None = None           # this rank's row of xi, last round
+        self.alpha = alpha_per_parameter(params, ctx.size) * self.num_parameters  # the formula's alpha
+        self.sigma = params.sigma * self.num_parameters  # the formula's sigma
+        self.xi: np.ndarray | None = None  # this rank's row of xi, last round
         self.cloud: list[torch.Tensor] | None = None  # u_i, shaped like the parameters (no grad)
 
     def weights(self, models: np.ndarray) -> np.ndarray:
@@ -236,8 +277,17 @@ class FedAMP(Algorithm):
         own = flatten(list(self.ctx.model.parameters()))
         if self.params.exchange == "ring":
             cfg = self.params
-            self.xi, u = streaming_cloud(own, self.ctx.rank, self.ctx.size, ring(self.ctx.comm, own), cfg.similarity,
-                                         self.alpha, self.sigma, cfg.self_weight, cfg.cosine_scale)
+            self.xi, u = streaming_cloud(
+                own,
+                self.ctx.rank,
+                self.ctx.size,
+                ring(self.ctx.comm, own),
+                cfg.similarity,
+                self.alpha,
+                self.sigma,
+                cfg.self_weight,
+                cfg.cosine_scale,
+            )
         else:
             models = self.ctx.comm.allgather(own)
             self.xi = self.weights(models)

@@ -24,9 +24,16 @@ from .base import Algorithm, Payload
 
 class FedAvg(Algorithm):
     name = "fedavg"
-    payloads = (Payload("allreduce", "[n_i theta_i ; n_i]: its parameters and floating buffers, flattened and "
-                                     "multiplied by its training-set size n_i, then n_i",
-                        "(P + B + 1,)", sent="4*(P+B+1)", recv="4*(P+B+1)"),)
+    payloads = (
+        Payload(
+            "allreduce",
+            "[n_i theta_i ; n_i]: its parameters and floating buffers, flattened and "
+            "multiplied by its training-set size n_i, then n_i",
+            "(P + B + 1,)",
+            sent="4*(P+B+1)",
+            recv="4*(P+B+1)",
+        ),
+    )
 
     dropped = False
 

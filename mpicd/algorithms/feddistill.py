@@ -33,29 +33,40 @@ from .base import Algorithm, Batch, Context, Payload
 from .aggregate import PerClassMeans, mean_over_clients
 
 
-def teacher_logits(received: np.ndarray, sent: np.ndarray, num_classes: int,
-                   exclude_self: bool) -> tuple[np.ndarray, np.ndarray]:
+def teacher_logits(
+    received: np.ndarray, sent: np.ndarray, num_classes: int, exclude_self: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """Allreduce result (and this rank's own payload) -> (teacher logits (C, C), has_teacher (C,))."""
     c = num_classes
-    summed, contributors = received[: c * c].reshape(c, c), received[c * c:]
+    summed, contributors = received[: c * c].reshape(c, c), received[c * c :]
     if exclude_self:
         summed = summed - sent[: c * c].reshape(c, c)
-        contributors = contributors - sent[c * c:]
+        contributors = contributors - sent[c * c :]
     return mean_over_clients(summed, contributors)
 
 
 @dataclass
 class FedDistillParams:
     lambda_: float = spec(1.0, ge=0.0, doc="weight of the soft-target cross-entropy to the mean logits of y")
-    exclude_self: bool = spec(True, doc="true: the teacher is the other clients' mean (Jeong et al.); "
-                                        "false: all clients' mean, this one's included (common code)")
+    exclude_self: bool = spec(
+        True,
+        doc="true: the teacher is the other clients' mean (Jeong et al.); "
+        "false: all clients' mean, this one's included (common code)",
+    )
 
 
 class FedDistill(Algorithm):
     name = "feddistill"
     Params = FedDistillParams
-    payloads = (Payload("allreduce", "[per-class mean training-mode logits ; 1 for each class it has]",
-                        "(C C + C,)", sent="4*C*(C+1)", recv="4*C*(C+1)"),)
+    payloads = (
+        Payload(
+            "allreduce",
+            "[per-class mean training-mode logits ; 1 for each class it has]",
+            "(C C + C,)",
+            sent="4*C*(C+1)",
+            recv="4*C*(C+1)",
+        ),
+    )
     carried = ("targets", "has_teacher")
 
     def __init__(self, params: FedDistillParams, ctx: Context):
@@ -63,7 +74,7 @@ class FedDistill(Algorithm):
         self.local = PerClassMeans(ctx.num_classes, ctx.num_classes, ctx.device)
         self.sent: np.ndarray | None = None
         self.received: np.ndarray | None = None
-        self.targets: torch.Tensor | None = None      # (C, C) softmax of the teacher logits
+        self.targets: torch.Tensor | None = None  # (C, C) softmax of the teacher logits
         self.has_teacher: torch.Tensor | None = None  # (C,) bool
 
     def before_epoch(self, round_index: int) -> None:

@@ -45,28 +45,43 @@ from .base import Algorithm, Batch, Context, Payload
 class FedProtoParams:
     lambda_: float = spec(1.0, ge=0.0, doc="weight of MSE(f(x), global prototype of y)")
     weighting: Literal["samples", "equal"] = spec(
-        "samples", doc="samples: clients' means weighted by their counts of the class (the paper's Eq. 6); "
-                       "equal: plain mean of the clients' means (the reference code)")
+        "samples",
+        doc="samples: clients' means weighted by their counts of the class (the paper's Eq. 6); "
+        "equal: plain mean of the clients' means (the reference code)",
+    )
     predict: Literal["head", "nearest_prototype"] = spec(
-        "head", doc="head: the client's own classifier; nearest_prototype: the nearest global prototype")
+        "head", doc="head: the client's own classifier; nearest_prototype: the nearest global prototype"
+    )
 
 
 class FedProto(Algorithm):
     name = "fedproto"
     Params = FedProtoParams
     payloads = (
-        Payload("allreduce", "[per-class sums of its training-mode features ; per-class sample counts]",
-                "(C D + C,)", sent="4*C*(D+1)", recv="4*C*(D+1)", when=(("weighting", "samples"),)),
-        Payload("allreduce", "[per-class mean training-mode features ; 1 for each class it has]",
-                "(C D + C,)", sent="4*C*(D+1)", recv="4*C*(D+1)", when=(("weighting", "equal"),)),
+        Payload(
+            "allreduce",
+            "[per-class sums of its training-mode features ; per-class sample counts]",
+            "(C D + C,)",
+            sent="4*C*(D+1)",
+            recv="4*C*(D+1)",
+            when=(("weighting", "samples"),),
+        ),
+        Payload(
+            "allreduce",
+            "[per-class mean training-mode features ; 1 for each class it has]",
+            "(C D + C,)",
+            sent="4*C*(D+1)",
+            recv="4*C*(D+1)",
+            when=(("weighting", "equal"),),
+        ),
     )
     carried = ("prototypes", "has_prototype")
 
     def __init__(self, params: FedProtoParams, ctx: Context):
         super().__init__(params, ctx)
         self.local = PerClassMeans(ctx.num_classes, ctx.model.feature_dim, ctx.device)
-        self.sent: np.ndarray | None = None        # this round's payload (for tests and drivers)
-        self.received: np.ndarray | None = None    # the Allreduce result
+        self.sent: np.ndarray | None = None  # this round's payload (for tests and drivers)
+        self.received: np.ndarray | None = None  # the Allreduce result
         self.prototypes: torch.Tensor | None = None  # (C, D) global prototypes
         self.has_prototype: torch.Tensor | None = None  # (C,) bool
 

@@ -11,8 +11,7 @@ import csv
 import numpy as np
 
 from mpicd.config import ConfigError, DataConfig
-from mpicd.data.base import (Dataset, check_fits_in_memory, existing_path, read_grey_png, reject_unused,
-                             split_dataset)
+from mpicd.data.base import Dataset, check_fits_in_memory, existing_path, read_grey_png, reject_unused, split_dataset
 
 CLASS_NAMES = ("no_dr", "dr")
 DEFAULT_SIZE = 64
@@ -30,14 +29,16 @@ def load(cfg: DataConfig) -> Dataset:
         try:
             missing = [c for c in ("id_code", "diagnosis") if c not in (reader.fieldnames or [])]
             if missing:
-                raise ConfigError("data.path", f"{str(table)!r} has no column {missing[0]!r} "
-                                               f"(columns: {reader.fieldnames})")
+                raise ConfigError(
+                    "data.path", f"{str(table)!r} has no column {missing[0]!r} (columns: {reader.fieldnames})"
+                )
             rows = [(reader.line_num, row) for row in reader]
         except UnicodeDecodeError as err:
             raise ConfigError("data.path", f"{str(table)!r} is not UTF-8 text: {err}") from None
         except csv.Error as err:
-            raise ConfigError("data.path", f"{str(table)!r} line {reader.line_num}: not readable as CSV: "
-                                           f"{err}") from None
+            raise ConfigError(
+                "data.path", f"{str(table)!r} line {reader.line_num}: not readable as CSV: {err}"
+            ) from None
     if not rows:
         raise ConfigError("data.path", f"{str(table)!r} lists no images")
     size = cfg.image_size or DEFAULT_SIZE
@@ -48,13 +49,13 @@ def load(cfg: DataConfig) -> Dataset:
             raise ConfigError("data.path", f"{str(table)!r} line {line}: diagnosis {grade!r} is not one of 0-4")
         id_code = (row["id_code"] or "").strip()
         if id_code in first_line:  # one image twice could land in both training and held-out splits
-            raise ConfigError("data.path", f"{str(table)!r} lists id_code {id_code!r} twice, lines "
-                                           f"{first_line[id_code]} and {line}")
+            raise ConfigError(
+                "data.path", f"{str(table)!r} lists id_code {id_code!r} twice, lines {first_line[id_code]} and {line}"
+            )
         first_line[id_code] = line
         image = root / "train_images" / f"{id_code}.png"
         if not image.is_file():
-            raise ConfigError("data.path", f"image {str(image)!r} listed in {str(table)!r} line {line} "
-                                           f"does not exist")
+            raise ConfigError("data.path", f"image {str(image)!r} listed in {str(table)!r} line {line} does not exist")
         paths.append((image, line))
         labels.append(int(grade != "0"))
     check_fits_in_memory(len(paths), 1, size, str(root))

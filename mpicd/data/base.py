@@ -28,8 +28,10 @@ class Arrays:
     def __post_init__(self) -> None:
         x, y = self.x, self.y
         if x.dtype != np.float32 or y.dtype != np.int64 or y.ndim != 1 or len(x) != len(y):
-            raise TypeError(f"Arrays needs float32 x and int64 (n,) y of equal length, got "
-                            f"x {self.x.dtype}{self.x.shape}, y {self.y.dtype}{self.y.shape}")
+            raise TypeError(
+                f"Arrays needs float32 x and int64 (n,) y of equal length, got "
+                f"x {self.x.dtype}{self.x.shape}, y {self.y.dtype}{self.y.shape}"
+            )
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,8 +62,9 @@ def reject_unused(cfg: DataConfig, *keys: str) -> None:
     """A key set for a format that ignores it would silently do nothing: make it an error."""
     for key in keys:
         if getattr(cfg, key) is not None:
-            raise ConfigError(f"data.{key}", f"is not used by data.name={cfg.name!r}; remove it "
-                                             f"(got {getattr(cfg, key)!r})")
+            raise ConfigError(
+                f"data.{key}", f"is not used by data.name={cfg.name!r}; remove it (got {getattr(cfg, key)!r})"
+            )
 
 
 def existing_path(cfg: DataConfig, want_dir: bool, what: str) -> Path:
@@ -104,9 +107,12 @@ def check_fits_in_memory(images: int, channels: int, size: int, source: str) -> 
         return  # no way to know here
     needed = images * channels * size * size * 4
     if needed > physical:
-        raise ConfigError("data.image_size", f"{size}x{size} images: the {images} images of {source} would "
-                                             f"take {needed / 2**30:,.0f} GiB as float32, more than this "
-                                             f"machine's {physical / 2**30:,.0f} GiB of memory")
+        raise ConfigError(
+            "data.image_size",
+            f"{size}x{size} images: the {images} images of {source} would "
+            f"take {needed / 2**30:,.0f} GiB as float32, more than this "
+            f"machine's {physical / 2**30:,.0f} GiB of memory",
+        )
 
 
 def _rounded(fraction: float, n: int) -> int:
@@ -114,8 +120,9 @@ def _rounded(fraction: float, n: int) -> int:
     return int(np.floor(fraction * n + 0.5))
 
 
-def stratified_split(y: np.ndarray, cfg: DataConfig, class_names: tuple[str, ...],
-                     source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def stratified_split(
+    y: np.ndarray, cfg: DataConfig, class_names: tuple[str, ...], source: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sorted (train, val, test) indices: of each class's n cases, round(test_fraction * n) held out
     for test, then round(val_fraction * n) of the rest for validation, the remainder for training.
 
@@ -133,10 +140,13 @@ def stratified_split(y: np.ndarray, cfg: DataConfig, class_names: tuple[str, ...
         n_train = n - n_test - n_val
         if min(n_test, n_val, n_train) < 1:
             key = "data.test_fraction" if n_test in (0, n) else "data.val_fraction"
-            raise ConfigError(key, f"class {name!r} has {n} cases in {source}; test_fraction="
-                                   f"{cfg.test_fraction} and val_fraction={cfg.val_fraction} leave {n_test} "
-                                   f"for test, {n_val} for validation and {n_train} for training; each "
-                                   f"must be at least 1")
+            raise ConfigError(
+                key,
+                f"class {name!r} has {n} cases in {source}; test_fraction="
+                f"{cfg.test_fraction} and val_fraction={cfg.val_fraction} leave {n_test} "
+                f"for test, {n_val} for validation and {n_train} for training; each "
+                f"must be at least 1",
+            )
         rest = val_rng.permutation(np.sort(idx[n_test:]))
         test.append(idx[:n_test])
         val.append(rest[:n_val])
@@ -146,14 +156,14 @@ def stratified_split(y: np.ndarray, cfg: DataConfig, class_names: tuple[str, ...
 
 def split_descriptions(cfg: DataConfig, n_val: int, n_test: int, unit: str) -> tuple[str, str]:
     """The ``eval_split`` and ``val_split`` texts of a split made by :func:`stratified_split`."""
-    return (f"stratified {cfg.test_fraction:g} of each class held out with split_seed={cfg.split_seed} "
-            f"({n_test} {unit})",
-            f"stratified {cfg.val_fraction:g} of each class, drawn with split_seed={cfg.split_seed} from "
-            f"what is not held out ({n_val} {unit})")
+    return (
+        f"stratified {cfg.test_fraction:g} of each class held out with split_seed={cfg.split_seed} ({n_test} {unit})",
+        f"stratified {cfg.val_fraction:g} of each class, drawn with split_seed={cfg.split_seed} from "
+        f"what is not held out ({n_val} {unit})",
+    )
 
 
-def standardise(train: Arrays, val: Arrays, test: Arrays,
-                unit: str) -> tuple[Arrays, Arrays, Arrays, dict]:
+def standardise(train: Arrays, val: Arrays, test: Arrays, unit: str) -> tuple[Arrays, Arrays, Arrays, dict]:
     """Scale all three splits with the training split's mean and std, per channel (images, over
     all pixels of the channel) or per feature (tabular), so nothing of val or test leaks in.
 
@@ -166,24 +176,46 @@ def standardise(train: Arrays, val: Arrays, test: Arrays,
     shape = (1, len(mean), *[1] * (train.x.ndim - 2))
     m, s = mean.astype(np.float32).reshape(shape), std.astype(np.float32).reshape(shape)
     train, val, test = (Arrays(((a.x - m) / s).astype(np.float32, copy=False), a.y) for a in (train, val, test))
-    stats = {"mean": [float(v) for v in mean], "std": [float(v) for v in std],
-             "computed_on": f"train split ({len(train.y)} {unit})"}
+    stats = {
+        "mean": [float(v) for v in mean],
+        "std": [float(v) for v in std],
+        "computed_on": f"train split ({len(train.y)} {unit})",
+    }
     return train, val, test, stats
 
 
-def make_dataset(name: str, kind: str, train: Arrays, val: Arrays, test: Arrays,
-                 class_names: tuple[str, ...], eval_split: str, val_split: str) -> Dataset:
+def make_dataset(
+    name: str,
+    kind: str,
+    train: Arrays,
+    val: Arrays,
+    test: Arrays,
+    class_names: tuple[str, ...],
+    eval_split: str,
+    val_split: str,
+) -> Dataset:
     """Standardise the splits (:func:`standardise`) and wrap them in a Dataset."""
     train, val, test, stats = standardise(train, val, test, "images" if kind == "image" else "cases")
-    return Dataset(name=name, train=train, test=test, val=val, num_classes=len(class_names),
-                   class_names=class_names, kind=kind, eval_split=eval_split, val_split=val_split,
-                   normalization=stats)
+    return Dataset(
+        name=name,
+        train=train,
+        test=test,
+        val=val,
+        num_classes=len(class_names),
+        class_names=class_names,
+        kind=kind,
+        eval_split=eval_split,
+        val_split=val_split,
+        normalization=stats,
+    )
 
 
-def split_dataset(name: str, kind: str, x: np.ndarray, y: np.ndarray, class_names: tuple[str, ...],
-                  cfg: DataConfig, source: str) -> Dataset:
+def split_dataset(
+    name: str, kind: str, x: np.ndarray, y: np.ndarray, class_names: tuple[str, ...], cfg: DataConfig, source: str
+) -> Dataset:
     """``x, y`` split with :func:`stratified_split` and standardised into a Dataset."""
     train, val, test = stratified_split(y, cfg, class_names, source)
     eval_split, val_split = split_descriptions(cfg, len(val), len(test), "images" if kind == "image" else "cases")
-    return make_dataset(name, kind, *(Arrays(x[i], y[i]) for i in (train, val, test)), class_names,
-                        eval_split, val_split)
+    return make_dataset(
+        name, kind, *(Arrays(x[i], y[i]) for i in (train, val, test)), class_names, eval_split, val_split
+    )

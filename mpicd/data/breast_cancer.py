@@ -20,8 +20,15 @@ CLASS_NAMES = ("malignant", "benign")
 def load(cfg: DataConfig) -> Dataset:
     reject_unused(cfg, "path", "image_size", "classes")
     data, target = bundled()
-    return split_dataset("breast_cancer", "tabular", data.astype(np.float32),
-                         target.astype(np.int64), CLASS_NAMES, cfg, "scikit-learn's load_breast_cancer")
+    return split_dataset(
+        "breast_cancer",
+        "tabular",
+        data.astype(np.float32),
+        target.astype(np.int64),
+        CLASS_NAMES,
+        cfg,
+        "scikit-learn's load_breast_cancer",
+    )
 
 
 def bundled() -> tuple[np.ndarray, np.ndarray]:

@@ -31,8 +31,9 @@ def load(cfg: DataConfig) -> Dataset:
             raise ConfigError(key, f"class {name!r}: folder {str(folder)!r} {state}")
         same = owner.setdefault(folder.resolve(), name)
         if same != name:  # the same images under two labels
-            raise ConfigError("data.classes", f"classes {same!r} and {name!r} are the same folder "
-                                              f"{str(folder.resolve())!r}")
+            raise ConfigError(
+                "data.classes", f"classes {same!r} and {name!r} are the same folder {str(folder.resolve())!r}"
+            )
         files += found
         labels += [label] * len(found)
     check_fits_in_memory(len(files), 1, size, str(root))

@@ -25,10 +25,16 @@ KNOWN_CLASS_NAMES = {
 
 
 def _check_images(raw: np.ndarray, key: str, path: Path) -> None:
-    if (raw.dtype != np.uint8 or not (raw.ndim == 3 or (raw.ndim == 4 and raw.shape[-1] == 3))
-            or min(raw.shape[1:3]) < 1):
-        raise ConfigError("data.path", f"{key} in {str(path)!r} is {raw.dtype} {raw.shape}; MedMNIST images "
-                                       f"are uint8 (n, H, W) or (n, H, W, 3) with H, W >= 1")
+    if (
+        raw.dtype != np.uint8
+        or not (raw.ndim == 3 or (raw.ndim == 4 and raw.shape[-1] == 3))
+        or min(raw.shape[1:3]) < 1
+    ):
+        raise ConfigError(
+            "data.path",
+            f"{key} in {str(path)!r} is {raw.dtype} {raw.shape}; MedMNIST images "
+            f"are uint8 (n, H, W) or (n, H, W, 3) with H, W >= 1",
+        )
 
 
 def _images(raw: np.ndarray, key: str, path: Path) -> np.ndarray:
@@ -43,21 +49,25 @@ def _labels(raw: np.ndarray, key: str, n: int, path: Path, images: int) -> np.nd
 
     ``images``: how many the whole file holds; a label that high would need more classes than images.
     """
-    if (raw.shape not in ((n, 1), (n,)) or not np.issubdtype(raw.dtype, np.integer)
-            or (raw.size and raw.min() < 0)):
-        raise ConfigError("data.path", f"{key} in {str(path)!r} is {raw.dtype} {raw.shape}; expected one "
-                                       f"non-negative integer label per image, shape ({n}, 1)")
+    if raw.shape not in ((n, 1), (n,)) or not np.issubdtype(raw.dtype, np.integer) or (raw.size and raw.min() < 0):
+        raise ConfigError(
+            "data.path",
+            f"{key} in {str(path)!r} is {raw.dtype} {raw.shape}; expected one "
+            f"non-negative integer label per image, shape ({n}, 1)",
+        )
     if raw.size and raw.max() >= images:
-        raise ConfigError("data.path", f"{key} in {str(path)!r} has label {raw.max()}, but the file holds only "
-                                       f"{images} images, fewer than the classes 0..{raw.max()} that label implies")
+        raise ConfigError(
+            "data.path",
+            f"{key} in {str(path)!r} has label {raw.max()}, but the file holds only "
+            f"{images} images, fewer than the classes 0..{raw.max()} that label implies",
+        )
     return raw.reshape(n).astype(np.int64)
 
 
 def _resize(x: np.ndarray, size: int) -> np.ndarray:
     if x.shape[2:] == (size, size):
         return x
-    out = F.interpolate(torch.from_numpy(x), size=(size, size), mode="bilinear", align_corners=False,
-                        antialias=True)
+    out = F.interpolate(torch.from_numpy(x), size=(size, size), mode="bilinear", align_corners=False, antialias=True)
     return out.clamp_(0.0, 1.0).numpy()
 
 
@@ -73,20 +83,28 @@ def _read(path: Path) -> dict[str, np.ndarray]:
     except UNREADABLE as err:
         raise ConfigError("data.path", f"{str(path)!r} is not a readable .npz file: {err}") from None
     if not isinstance(npz, np.lib.npyio.NpzFile):
-        raise ConfigError("data.path", f"{str(path)!r} holds one {npz.dtype} array {npz.shape} (a .npy file), "
-                                       f"not a .npz archive in the MedMNIST layout")
+        raise ConfigError(
+            "data.path",
+            f"{str(path)!r} holds one {npz.dtype} array {npz.shape} (a .npy file), "
+            f"not a .npz archive in the MedMNIST layout",
+        )
     arrays = {}
     with npz:
         for split in SPLITS:
             for key in (f"{split}_images", f"{split}_labels"):
                 if key not in npz.files:
-                    raise ConfigError("data.path", f"{str(path)!r} has no array {key!r} (it has "
-                                                   f"{sorted(npz.files)}); expected the MedMNIST layout")
+                    raise ConfigError(
+                        "data.path",
+                        f"{str(path)!r} has no array {key!r} (it has "
+                        f"{sorted(npz.files)}); expected the MedMNIST layout",
+                    )
                 try:
                     arrays[key] = npz[key]
                 except UNREADABLE as err:
-                    raise ConfigError("data.path", f"{str(path)!r}: array {key!r} cannot be read (a truncated "
-                                                   f"or corrupt file?): {err}") from None
+                    raise ConfigError(
+                        "data.path",
+                        f"{str(path)!r}: array {key!r} cannot be read (a truncated or corrupt file?): {err}",
+                    ) from None
                 if not isinstance(arrays[key], np.ndarray):  # a zip member that is not a .npy file
                     raise ConfigError("data.path", f"{str(path)!r}: {key!r} is not a .npy array")
     return arrays
@@ -101,9 +119,12 @@ def load(cfg: DataConfig) -> Dataset:
         raw = arrays[f"{split}_images"]
         _check_images(raw, f"{split}_images", path)  # before converting or resizing anything
         if raw.shape[1:] != first.shape[1:]:
-            raise ConfigError("data.path", f"{split}_images in {str(path)!r} are {raw.shape[1:]} but "
-                                           f"train_images are {first.shape[1:]}: every split needs the same "
-                                           f"image size and channels")
+            raise ConfigError(
+                "data.path",
+                f"{split}_images in {str(path)!r} are {raw.shape[1:]} but "
+                f"train_images are {first.shape[1:]}: every split needs the same "
+                f"image size and channels",
+            )
     if cfg.image_size is not None:
         count = sum(len(arrays[f"{split}_images"]) for split in SPLITS)
         check_fits_in_memory(count, 3 if first.ndim == 4 else 1, cfg.image_size, str(path))
@@ -117,13 +138,26 @@ def load(cfg: DataConfig) -> Dataset:
     name = path.stem.lower()
     class_names = KNOWN_CLASS_NAMES.get(name.split("_")[0], tuple(f"class{c}" for c in range(num_classes)))
     if len(class_names) != num_classes:
-        raise ConfigError("data.path", f"{str(path)!r} has labels 0..{num_classes - 1}, but a "
-                                       f"{name} file has {len(class_names)} classes {class_names}")
+        raise ConfigError(
+            "data.path",
+            f"{str(path)!r} has labels 0..{num_classes - 1}, but a "
+            f"{name} file has {len(class_names)} classes {class_names}",
+        )
     for split, arrays in splits.items():
         absent = np.flatnonzero(np.bincount(arrays.y, minlength=num_classes) == 0)
         if len(absent):
-            raise ConfigError("data.path", f"{str(path)!r}: class {class_names[absent[0]]!r} has no image in "
-                                           f"the {split} split; every class needs one in train, val and test")
-    return make_dataset(name, "image", splits["train"], splits["val"], splits["test"], class_names,
-                        eval_split=f"official test split of {path.name} ({len(splits['test'].y)} images)",
-                        val_split=f"official val split of {path.name} ({len(splits['val'].y)} images)")
+            raise ConfigError(
+                "data.path",
+                f"{str(path)!r}: class {class_names[absent[0]]!r} has no image in "
+                f"the {split} split; every class needs one in train, val and test",
+            )
+    return make_dataset(
+        name,
+        "image",
+        splits["train"],
+        splits["val"],
+        splits["test"],
+        class_names,
+        eval_split=f"official test split of {path.name} ({len(splits['test'].y)} images)",
+        val_split=f"official val split of {path.name} ({len(splits['val'].y)} images)",
+    )

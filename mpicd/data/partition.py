@@ -24,9 +24,9 @@ SKEW_MODES = ("symmetric", "authors")
 @dataclass(frozen=True, eq=False)
 class Partition:
     train_indices: tuple[np.ndarray, ...]  # per client: sorted int64 indices into dataset.train
-    expertise: np.ndarray                  # (clients,) int64, the expertise class of each client
-    train_counts: np.ndarray               # (clients, classes) int64
-    base_per_class: int                    # images of each class a client gets before skew
+    expertise: np.ndarray  # (clients,) int64, the expertise class of each client
+    train_counts: np.ndarray  # (clients, classes) int64
+    base_per_class: int  # images of each class a client gets before skew
 
 
 def expertise_classes(num_clients: int, num_classes: int) -> np.ndarray:
@@ -42,8 +42,15 @@ def kept_after_skew(n: int, skew: float) -> int:
     return int(np.floor((1.0 - skew) * n + 1e-9))
 
 
-def make_partition(labels: np.ndarray, num_classes: int, num_clients: int, skew: float,
-                   images_per_class: int | None, seed: int, skew_mode: str = "symmetric") -> Partition:
+def make_partition(
+    labels: np.ndarray,
+    num_classes: int,
+    num_clients: int,
+    skew: float,
+    images_per_class: int | None,
+    seed: int,
+    skew_mode: str = "symmetric",
+) -> Partition:
     """Give client i ``base`` images of its expertise class and ``kept_after_skew(base, skew)`` of each other.
 
     ``base`` is ``images_per_class``, or by default the most every class can give every client
@@ -62,14 +69,18 @@ def make_partition(labels: np.ndarray, num_classes: int, num_clients: int, skew:
     largest = int(counts.min()) // num_clients
     if largest == 0:
         c = int(counts.argmin())
-        raise ConfigError("clients", f"class {c} has {counts[c]} training images, fewer than one per "
-                                     f"client for {num_clients} clients")
+        raise ConfigError(
+            "clients", f"class {c} has {counts[c]} training images, fewer than one per client for {num_clients} clients"
+        )
     base = largest if images_per_class is None else images_per_class
     for c in range(num_classes):
         if base * num_clients > counts[c]:
-            raise ConfigError("data.images_per_class", f"{base} per client x {num_clients} clients needs "
-                              f"{base * num_clients} images of class {c}, which has {counts[c]} in the "
-                              f"training split; the largest allowed value is {largest}")
+            raise ConfigError(
+                "data.images_per_class",
+                f"{base} per client x {num_clients} clients needs "
+                f"{base * num_clients} images of class {c}, which has {counts[c]} in the "
+                f"training split; the largest allowed value is {largest}",
+            )
     expertise = expertise_classes(num_clients, num_classes)
     loses = np.arange(num_classes)[None, :] != expertise[:, None]
     if skew_mode == "authors":
@@ -78,15 +89,17 @@ def make_partition(labels: np.ndarray, num_classes: int, num_clients: int, skew:
     empty = np.argwhere(train_counts == 0)
     if len(empty):
         i, c = (int(v) for v in empty[0])
-        raise ConfigError("data.skew", f"client {i} (expertise class {expertise[i]}) would get 0 images of "
-                          f"class {c}: floor((1 - {skew}) * {base}) = 0; a class missing on a client is an "
-                          f"error, so lower data.skew or raise data.images_per_class")
+        raise ConfigError(
+            "data.skew",
+            f"client {i} (expertise class {expertise[i]}) would get 0 images of "
+            f"class {c}: floor((1 - {skew}) * {base}) = 0; a class missing on a client is an "
+            f"error, so lower data.skew or raise data.images_per_class",
+        )
     rng = seeds.rng(seed, seeds.PARTITION)
     taken: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for c in range(num_classes):
         order = rng.permutation(np.flatnonzero(labels == c))
         for i in range(num_clients):
-            taken[i].append(order[i::num_clients][:train_counts[i, c]])
+            taken[i].append(order[i::num_clients][: train_counts[i, c]])
     train_indices = tuple(np.sort(np.concatenate(parts)).astype(np.int64) for parts in taken)
-    return Partition(train_indices=train_indices, expertise=expertise, train_counts=train_counts,
-                     base_per_class=base)
+    return Partition(train_indices=train_indices, expertise=expertise, train_counts=train_counts, base_per_class=base)

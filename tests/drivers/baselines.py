@@ -41,9 +41,9 @@ RUN_ROUNDS = 2
 
 STATS_VARIANTS = {
     "fedavg": "{name: fedavg}",
-    "fedproto": "{name: fedproto}",                                  # weighting: samples
+    "fedproto": "{name: fedproto}",  # weighting: samples
     "fedproto_equal": "{name: fedproto, weighting: equal}",
-    "feddistill": "{name: feddistill}",                              # exclude_self: true
+    "feddistill": "{name: feddistill}",  # exclude_self: true
     "feddistill_include": "{name: feddistill, exclude_self: false}",
     "fedamp": "{name: fedamp}",
     "fedamp_cosine": "{name: fedamp, similarity: cosine}",
@@ -82,9 +82,9 @@ def stats(variant: str, algorithm: str) -> None:
     plan = prepare(load_config(QUICKSTART, [f"clients={comm.size}", f"algorithm={algorithm}"]))
     client = Client(plan, comm, "cpu")
     alg = client.algorithm
-    keep = torch.arange(len(client.train_y)) >= 3 * comm.rank          # n_i differ between ranks
+    keep = torch.arange(len(client.train_y)) >= 3 * comm.rank  # n_i differ between ranks
     if variant.startswith(("fedproto", "feddistill")) and comm.rank == 0:
-        keep &= client.train_y != 1                                      # class 1 absent on rank 0
+        keep &= client.train_y != 1  # class 1 absent on rank 0
     set_data(client, keep)
     dump = {"n": np.array(len(client.train_y)), "counts": np.bincount(client.train_y.numpy(), minlength=2)}
     recorder = None
@@ -143,8 +143,10 @@ def runs() -> None:
     plans["feddistill_include_quick"] = (QUICKSTART, ["algorithm={name: feddistill, exclude_self: false}"])
     if pneumonia:
         for name in REGISTRY:
-            plans[f"{name}_pneumonia"] = (PNEUMONIA_CONFIG, [f"algorithm={{name: {name}}}", f"data.path={pneumonia}",
-                                                             "data.images_per_class=40"])
+            plans[f"{name}_pneumonia"] = (
+                PNEUMONIA_CONFIG,
+                [f"algorithm={{name: {name}}}", f"data.path={pneumonia}", "data.images_per_class=40"],
+            )
     for label, (config, overrides) in plans.items():
         code = main(["run", str(config), *base, *overrides, "--out", str(out / f"{label}.h5")])
         if code != 0:

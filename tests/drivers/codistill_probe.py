@@ -31,10 +31,18 @@ PNEUMONIA_CONFIG = ROOT / "configs" / "pneumoniamnist.yaml"
 VARIANTS = {
     "round_all": (QUICKSTART, ["algorithm={name: codistill, lambda: 0.5}"], 2, None),
     # skew 0 and batches of 4: batches with none, some and only images of the teacher's class all occur
-    "round_k5": (QUICKSTART, ["algorithm={name: codistill, lambda: 0.5, k: 5}", "train.batch_size=4",
-                              "data.skew=0.0"], 2, None),
-    "batch_k5": (QUICKSTART, ["algorithm={name: codistill, lambda: 2.0, k: 5, teacher_per: batch}",
-                              "train.batch_size=4"], 3, None),
+    "round_k5": (
+        QUICKSTART,
+        ["algorithm={name: codistill, lambda: 0.5, k: 5}", "train.batch_size=4", "data.skew=0.0"],
+        2,
+        None,
+    ),
+    "batch_k5": (
+        QUICKSTART,
+        ["algorithm={name: codistill, lambda: 2.0, k: 5, teacher_per: batch}", "train.batch_size=4"],
+        3,
+        None,
+    ),
     "classes_all_k3": (QUICKSTART, ["algorithm={name: codistill, k: 3, classes: all}"], 2, None),
 }
 
@@ -45,9 +53,17 @@ if len(sys.argv) > 2 and sys.argv[2] != "-":
     VARIANTS["pneumonia_all"] = (PNEUMONIA_CONFIG, [*small, "algorithm={name: codistill, k: all}"], 2, None)
     VARIANTS["pneumonia_k5"] = (PNEUMONIA_CONFIG, [*small, "algorithm={name: codistill, k: 5}"], 2, None)
     # ResNet-18 has BatchNorm, so eval mode matters; its state (45 MB) is dumped for the last round only
-    VARIANTS["pneumonia_resnet_k5"] = (PNEUMONIA_CONFIG, [f"data.path={sys.argv[2]}", "data.images_per_class=20",
-                                                          "model.name=resnet18", "algorithm={name: codistill, k: 5}"],
-                                       2, {1})
+    VARIANTS["pneumonia_resnet_k5"] = (
+        PNEUMONIA_CONFIG,
+        [
+            f"data.path={sys.argv[2]}",
+            "data.images_per_class=20",
+            "model.name=resnet18",
+            "algorithm={name: codistill, k: 5}",
+        ],
+        2,
+        {1},
+    )
 torch.set_num_threads(1)
 
 
@@ -55,8 +71,12 @@ def probe(variant: str, config: Path, overrides: list[str], rounds: int, state_r
     overrides = [f"clients={comm.size}", *overrides]
     client = Client(prepare(load_config(config, overrides)), comm, "cpu")
     alg = client.algorithm
-    dump = {"config": np.array(str(config)), "overrides": np.array(overrides),
-            "train_x": alg.ctx.train_x.cpu().numpy(), "train_y": alg.ctx.train_y.cpu().numpy()}
+    dump = {
+        "config": np.array(str(config)),
+        "overrides": np.array(overrides),
+        "train_x": alg.ctx.train_x.cpu().numpy(),
+        "train_y": alg.ctx.train_y.cpu().numpy(),
+    }
     used = [-1]
     draw, extra = alg.batch_teacher, alg.extra_loss
 

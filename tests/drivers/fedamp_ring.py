@@ -60,8 +60,17 @@ def lockstep(similarity: str) -> None:
 with abort_on_exception(world.mpi):
     for similarity in ("gaussian", "cosine"):
         lockstep(similarity)
-    code = main(["run", str(QUICKSTART), f"clients={world.size}", "rounds=2",
-                 "algorithm={name: fedamp, exchange: ring}", "--out", str(out / "ring_run.h5")])
+    code = main(
+        [
+            "run",
+            str(QUICKSTART),
+            f"clients={world.size}",
+            "rounds=2",
+            "algorithm={name: fedamp, exchange: ring}",
+            "--out",
+            str(out / "ring_run.h5"),
+        ]
+    )
     if code != 0:
         raise RuntimeError(f"mpicd run exited with {code}")
     world.mpi.Barrier()

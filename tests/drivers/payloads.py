@@ -51,8 +51,11 @@ VARIANTS = {
     "fedamp": "{name: fedamp}",
     "fedamp_ring": "{name: fedamp, exchange: ring}",
 }
-DISTINCTIVE = np.array([128 * (1 + f) for f in (2 ** 0.5 - 1, np.pi - 3, np.e - 2, (5 ** 0.5 - 1) / 2)]
-                       + [-128 * (1 + f) for f in (3 ** 0.5 - 1, np.log(2), 0.1234567, 0.7654321)], dtype=np.float32)
+DISTINCTIVE = np.array(
+    [128 * (1 + f) for f in (2**0.5 - 1, np.pi - 3, np.e - 2, (5**0.5 - 1) / 2)]
+    + [-128 * (1 + f) for f in (3**0.5 - 1, np.log(2), 0.1234567, 0.7654321)],
+    dtype=np.float32,
+)
 RECORDED = {"Isend": "p2p", "Allreduce": "allreduce", "Allgather": "allgather", "Bcast": "bcast"}  # sends -> kind
 
 world = MPI.COMM_WORLD
@@ -110,8 +113,11 @@ def findings(buffers: list, values: np.ndarray) -> list[str]:
     hits = []
     for op, array in buffers:
         raw = np.ascontiguousarray(array).tobytes()
-        hits += [f"{op} {array.dtype}{array.shape} holds {value!r} as {dtype}"
-                 for value, dtype, pattern in patterns if raw.find(pattern) >= 0]
+        hits += [
+            f"{op} {array.dtype}{array.shape} holds {value!r} as {dtype}"
+            for value, dtype, pattern in patterns
+            if raw.find(pattern) >= 0
+        ]
     return hits
 
 
@@ -165,23 +171,37 @@ def pixels(label: str, algorithm: str, placement) -> dict:
     recorder = Recorder(world)
     comm = Comm(recorder)
     rows, end_round = [], comm.ledger.end_round
-    comm.ledger.end_round = lambda: rows.append(end_round()) or rows[-1]   # keep every round's row
+    comm.ledger.end_round = lambda: rows.append(end_round()) or rows[-1]  # keep every round's row
     run(plan, comm, placement, out / f"pixels_{label}.h5", log=lambda line: None)
-    counted = {kind: comm.ledger.outside_rounds.bytes_sent[kind] + sum(row.bytes_sent[kind] for row in rows)
-               for kind in KINDS}
+    counted = {
+        kind: comm.ledger.outside_rounds.bytes_sent[kind] + sum(row.bytes_sent[kind] for row in rows) for kind in KINDS
+    }
     seen = dict.fromkeys(KINDS, 0)
     for op, array in recorder.sent:
         seen[RECORDED[op]] += array.nbytes
-    return {"findings": findings(recorder.sent + recorder.received, DISTINCTIVE),
-            "buffers": len(recorder.sent) + len(recorder.received),
-            "recorded_sent": seen, "ledger_sent": counted, "other": sorted(recorder.other),
-            "rounds_sent": {kind: sum(row.bytes_sent[kind] for row in rows) for kind in KINDS}}
+    return {
+        "findings": findings(recorder.sent + recorder.received, DISTINCTIVE),
+        "buffers": len(recorder.sent) + len(recorder.received),
+        "recorded_sent": seen,
+        "ledger_sent": counted,
+        "other": sorted(recorder.other),
+        "rounds_sent": {kind: sum(row.bytes_sent[kind] for row in rows) for kind in KINDS},
+    }
 
 
 with abort_on_exception(world):
     for label, algorithm in VARIANTS.items():
-        code = main(["run", str(CONFIG), *common, f"rounds={BYTE_ROUNDS}", f"algorithm={algorithm}",
-                     "--out", str(out / f"bytes_{label}.h5")])
+        code = main(
+            [
+                "run",
+                str(CONFIG),
+                *common,
+                f"rounds={BYTE_ROUNDS}",
+                f"algorithm={algorithm}",
+                "--out",
+                str(out / f"bytes_{label}.h5"),
+            ]
+        )
         if code != 0:
             raise RuntimeError(f"mpicd run {label} exited with {code}")
     placement = place(world, "cpu")

@@ -20,18 +20,28 @@ with abort_on_exception(comm.mpi), warnings.catch_warnings(record=True) as caugh
     warnings.simplefilter("always")
     for parallel in (True, False):
         writer = ResultsWriter(
-            Path(sys.argv[1]) / f"{'mpio' if parallel else 'serial'}.h5", comm, rounds=3, num_classes=2,
+            Path(sys.argv[1]) / f"{'mpio' if parallel else 'serial'}.h5",
+            comm,
+            rounds=3,
+            num_classes=2,
             attrs={"config": f"clients: {size}\n", "algorithm": "test"},
-            train_counts=np.arange(2 * size).reshape(size, 2), test_counts=np.full((size, 2), 7),
-            expertise=np.arange(size) % 2, parallel=parallel,
-            placement={"host": f"node{rank // 2}", "local_rank": rank % 2, "device": "cpu", "threads": rank + 1})
+            train_counts=np.arange(2 * size).reshape(size, 2),
+            test_counts=np.full((size, 2), 7),
+            expertise=np.arange(size) % 2,
+            parallel=parallel,
+            placement={"host": f"node{rank // 2}", "local_rank": rank % 2, "device": "cpu", "threads": rank + 1},
+        )
         for r in range(2):  # two of three rounds: the third must read as not completed
             traffic = Traffic(dict(zip(KINDS, (100 * rank + r, 0, 0, 0))), dict(zip(KINDS, (0, 8, 0, 0))), 0.5)
             test = Scores(recall=np.array([r, rank], float), acc=0.5, balanced_acc=0.25, minority_acc=rank / 10)
             val = Scores(recall=np.array([rank, r], float), acc=0.75, balanced_acc=0.5, minority_acc=rank / 100)
             loss = EpochLoss(total=rank + r / 10, ce=rank + r / 4, extra=0.25)
-            writer.write_round(r, RoundRow(loss=loss, test=test, val=val, traffic=traffic,
-                                           compute_seconds=1.5, teacher=(rank + 1) % size))
+            writer.write_round(
+                r,
+                RoundRow(
+                    loss=loss, test=test, val=val, traffic=traffic, compute_seconds=1.5, teacher=(rank + 1) % size
+                ),
+            )
         writer.close()
     serial_warnings = [w for w in caught if "serially" in str(w.message)]
     assert len(serial_warnings) == (1 if rank == 0 else 0), serial_warnings

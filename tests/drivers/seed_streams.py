@@ -42,9 +42,11 @@ def wrap(name: str):
             else:
                 kind = "rng"
                 value = pcg_state(out.bit_generator.seed_seq if name == "rng" else out)
-            records.append({"kind": kind, "seed": int(seed), "purpose": int(purpose),
-                            "key": [int(k) for k in key], "state": value})
+            records.append(
+                {"kind": kind, "seed": int(seed), "purpose": int(purpose), "key": [int(k) for k in key], "state": value}
+            )
         return out
+
     return recorded
 
 
@@ -64,8 +66,18 @@ np.random.SeedSequence = RecordingSeedSequence
 comm = Comm()
 out = Path(sys.argv[2])
 with abort_on_exception(comm.mpi):
-    code = main(["run", sys.argv[1], f"clients={comm.size}", "rounds=3", "train.local_epochs=2",
-                 "algorithm={name: codistill, k: 5, teacher_per: batch}", "--out", str(out / "run.h5")])
+    code = main(
+        [
+            "run",
+            sys.argv[1],
+            f"clients={comm.size}",
+            "rounds=3",
+            "train.local_epochs=2",
+            "algorithm={name: codistill, k: 5, teacher_per: batch}",
+            "--out",
+            str(out / "run.h5"),
+        ]
+    )
     if code != 0:
         raise RuntimeError(f"mpicd run exited with {code}")
     (out / f"rank{comm.rank}.json").write_text(json.dumps(records))
