@@ -332,7 +332,7 @@ def test_usr1_near_the_time_limit_requeues_and_the_run_resumes_exactly(slurm, tm
 
     from conftest import mpicd_run
 
-    args = [str(QUICKSTART), "clients=2", "rounds=300"]
+    args = [str(QUICKSTART), "clients=2", "rounds=600"]  # long enough that USR1 always lands mid-run
     reference = tmp_path / "reference.h5"
     mpicd_run(2, *args[:1], reference, *args[1:], timeout=JOB_TIMEOUT)
     out, log = tmp_path / "requeued.h5", tmp_path / "requeued.out"
@@ -361,12 +361,12 @@ def test_usr1_near_the_time_limit_requeues_and_the_run_resumes_exactly(slurm, tm
     assert "passing it to the ranks" in text and "requeueing job" in text, text
     assert re.search(r"resuming at round (\d+)", text), text
     a, b = Results(out), Results(reference)
-    assert a.completed_rounds == b.completed_rounds == 300
+    assert a.completed_rounds == b.completed_rounds == 600
     for name in a.metrics:
-        if name not in ("comm_seconds", "compute_seconds"):
+        if not name.endswith("_seconds"):  # timings
             np.testing.assert_array_equal(a.metrics[name], b.metrics[name], err_msg=name)
     np.testing.assert_array_equal(a.bytes_sent_by_kind, b.bytes_sent_by_kind)
-    assert len(a.attrs["resumed_at"]) == 1 and 3 <= a.attrs["resumed_at"][0] < 300
+    assert len(a.attrs["resumed_at"]) == 1 and 3 <= a.attrs["resumed_at"][0] < 600
 
 
 @pytest.mark.slurm
