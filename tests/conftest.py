@@ -16,6 +16,12 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 PNEUMONIA = ROOT.parent / "shared" / "data" / "pneumoniamnist.npz"
 
 
+def is_timing(name: str) -> bool:
+    """A results dataset that holds measured seconds (every one is named ``*_seconds``): never
+    compared between runs."""
+    return name.split("/")[-1].endswith("_seconds")
+
+
 def mpi_env() -> dict:
     env = dict(os.environ)
     env.update(

@@ -9,9 +9,7 @@ import pytest
 
 from mpicd.results import Results
 
-from conftest import DRIVERS, QUICKSTART, ROOT, mpi_env, mpicd_cli, mpicd_run, mpiexec
-
-TIMINGS = {"comm_seconds", "compute_seconds", "train_seconds", "eval_seconds", "write_seconds"}
+from conftest import DRIVERS, QUICKSTART, ROOT, is_timing, mpi_env, mpicd_cli, mpicd_run, mpiexec
 
 
 def contents(path):
@@ -21,9 +19,7 @@ def contents(path):
         found.update({f"attr:{k}": v for k, v in f.attrs.items() if k != "startup_seconds"})
         f.visititems(
             lambda name, obj: (
-                found.__setitem__(name, obj[()])
-                if isinstance(obj, h5py.Dataset) and name.split("/")[-1] not in TIMINGS
-                else None
+                found.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) and not is_timing(name) else None
             )
         )
     return found

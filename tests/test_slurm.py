@@ -16,7 +16,7 @@ import yaml
 
 from mpicd.results import Results
 
-from conftest import QUICKSTART, ROOT, mpi_env
+from conftest import QUICKSTART, ROOT, is_timing, mpi_env
 
 JOB_TIMEOUT = 240
 
@@ -363,7 +363,7 @@ def test_usr1_near_the_time_limit_requeues_and_the_run_resumes_exactly(slurm, tm
     a, b = Results(out), Results(reference)
     assert a.completed_rounds == b.completed_rounds == 600
     for name in a.metrics:
-        if not name.endswith("_seconds"):  # timings
+        if not is_timing(name):
             np.testing.assert_array_equal(a.metrics[name], b.metrics[name], err_msg=name)
     np.testing.assert_array_equal(a.bytes_sent_by_kind, b.bytes_sent_by_kind)
     assert len(a.attrs["resumed_at"]) == 1 and 3 <= a.attrs["resumed_at"][0] < 600
