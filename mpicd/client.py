@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import metrics, seeds
+from . import metrics, optim, seeds
 from .algorithms import Batch, Context
 from .models import build_model
 from .plan import Plan
@@ -166,8 +166,9 @@ class Client:
         )
 
 
-def make_optimizer(model: torch.nn.Module, train) -> torch.optim.Optimizer:
-    """Created once per client; its state (Adam's moments) persists across rounds."""
+def make_optimizer(model: torch.nn.Module, train) -> optim.Optimizer:
+    """Created once per client; its state (Adam's moments) persists across rounds. mpicd's own
+    Adam/SGD (``mpicd.optim``: torch.optim's arithmetic without importing torch._dynamo)."""
     if train.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
-    return torch.optim.SGD(model.parameters(), lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
+        return optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+    return optim.SGD(model.parameters(), lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)

@@ -74,10 +74,24 @@ def place(comm: MPI.Comm, requested_device: str) -> Placement:
     device = choose_device(requested_device, local_rank, gpu_count)
     threads = cpu_threads(local_size)
     torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic_algorithms()
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     return Placement(comm.Get_rank(), comm.Get_size(), local_rank, local_size, device, threads)
+
+
+def deterministic_algorithms() -> None:
+    """``torch.use_deterministic_algorithms(True, warn_only=True)`` minus its first line, which
+    imports ``torch._inductor.config`` (and torch._dynamo: ~2 s of CPU and ~150 MiB per rank) only
+    to set a flag for compiled code; mpicd compiles nothing. Falls back to the public call if the
+    private setter it wraps ever disappears."""
+    import torch
+
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        setter(True, warn_only=True)
 
 
 @contextmanager

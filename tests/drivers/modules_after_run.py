@@ -1,0 +1,17 @@
+"""``mpicd ARGS`` in this process, then print which heavy torch subsystems it imported (test_optim)."""
+
+import sys
+
+from mpicd.cli import main
+
+rc = main(sys.argv[1:])
+import torch  # noqa: E402  (after the run: only to read the flags it set)
+
+loaded = {name: int(name in sys.modules) for name in ("torch._dynamo", "torch._inductor", "sympy")}
+print(
+    "modules: "
+    + " ".join(f"{k}={v}" for k, v in loaded.items())
+    + f" deterministic={int(torch.are_deterministic_algorithms_enabled())}",
+    flush=True,
+)
+sys.exit(rc)
