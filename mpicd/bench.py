@@ -662,12 +662,14 @@ def render(r: dict) -> str:
         f"2. round anatomy, {r['settings']['ranks']} ranks, ms per round and rank (min / median / max)",
     ]
     width, columns = 22, ("train", "comm", "eval", "write", "total", "write_min")
-    lines.append(f"   {'algorithm':<11}" + "".join(f"{p:>{width}}" for p in columns) + f"{'comm_io_fraction':>{width}}")
+    lines.append(
+        f"   {'algorithm':<11}" + "".join(f" {p:>{width}}" for p in columns) + f" {'comm_io_fraction':>{width}}"
+    )
     for name, parts in r["anatomy"].items():
         lines.append(
             f"   {name:<11}"
-            + "".join(f"{_f(parts[p], 1000, 3):>{width}}" for p in columns)
-            + f"{_f(r['comm_io_fraction'][name], 1, 3):>{width}}"
+            + "".join(f" {_f(parts[p], 1000, 3):>{width}}" for p in columns)
+            + f" {_f(r['comm_io_fraction'][name], 1, 3):>{width}}"
         )
     lines.append("   (write_min: the fastest rank's write, i.e. the one that waited least for the others at the flush)")
     p = r["parallel"]
