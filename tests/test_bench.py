@@ -59,6 +59,9 @@ def test_quick_bench_writes_every_key_with_sane_values(quick):
     assert set(r["comm_io_fraction"]) == set(ALGORITHMS)
     for name, fraction in r["comm_io_fraction"].items():
         assert 0 <= fraction["min"] <= fraction["max"] <= 1, name
+        # the least-waiting rank's seconds can only be below the mean over ranks, round by round
+        own = r["comm_io_own_fraction"][name]["values"]
+        assert all(0 <= o <= f + 1e-12 for o, f in zip(own, fraction["values"])), name
     cores = len(os.sched_getaffinity(0))
     assert r["ideal"] == min(2, cores) and r["settings"]["ranks"] == 2 and r["settings"]["repeats"] == 1
     o = r["overhead"]
