@@ -120,11 +120,11 @@ class Client:
         model.train()
         total_ce, total_extra, seen = 0.0, 0.0, 0
         for epoch in range(cfg.train.local_epochs):
-            order = torch.from_numpy(
+            order = torch.from_numpy(  # on the data's device once per epoch: no host copy per batch
                 seeds.rng(cfg.seed, seeds.SHUFFLE, self.comm.rank, round_index, epoch).permutation(len(self.train_y))
-            )
+            ).to(self.device)
             for b, (start, stop) in enumerate(batch_bounds(len(order), cfg.train.batch_size)):
-                index = order[start:stop].to(self.device)
+                index = order[start:stop]
                 x, y = self.train_x[index], self.train_y[index]
                 features = model.features(x)
                 logits = model.head(features)
@@ -153,9 +153,11 @@ class Client:
         self.model.eval()
         x, y = self.eval_sets[split]
         batch = self.plan.config.train.eval_batch_size
-        with torch.no_grad():
-            predictions = np.concatenate(
-                [self.algorithm.predict(x[i : i + batch]).argmax(dim=1).cpu().numpy() for i in range(0, len(x), batch)]
+        with torch.no_grad():  # one device-to-host copy per split, not one per batch
+            predictions = (
+                torch.cat([self.algorithm.predict(x[i : i + batch]).argmax(dim=1) for i in range(0, len(x), batch)])
+                .cpu()
+                .numpy()
             )
         recall = metrics.per_class_recall(y, predictions, self.plan.dataset.num_classes)
         return Scores(

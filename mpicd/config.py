@@ -105,6 +105,16 @@ class TrainConfig:
 
 
 @dataclass
+class EvalConfig:
+    every: int = spec(
+        1,
+        ge=1,
+        doc="evaluate on the test and validation splits every N rounds and after the last one; "
+        "the rounds in between hold NaN metrics and the report scores evaluated rounds only",
+    )
+
+
+@dataclass
 class CheckpointConfig:
     every: int = spec(
         1, ge=0, doc="save every rank's state every N rounds (0: never) beside the results file, for --resume"
@@ -155,6 +165,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     algorithm: dict = field(
         default_factory=lambda: {"name": "codistill"},
         metadata={"doc": "the method and its own keys (mpicd config --algorithm NAME)"},

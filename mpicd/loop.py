@@ -67,6 +67,23 @@ def results_attrs(plan: Plan, client: Client) -> dict:
         "eval_split": dataset.eval_split,
         "val_split": getattr(dataset, "val_split", "none"),
         "normalization": yaml.safe_dump(getattr(dataset, "normalization", None), sort_keys=False),
+        "backends": yaml.safe_dump(backend_settings(), sort_keys=False),
+    }
+
+
+def backend_settings() -> dict:
+    """The kernel choices that can change results on a GPU, as this rank ran them."""
+    cudnn = torch.backends.cudnn
+    return {
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cudnn_available": bool(cudnn.is_available()),
+        "cudnn_version": cudnn.version() if cudnn.is_available() else None,
+        "cudnn_enabled": bool(cudnn.enabled),
+        "cudnn_benchmark": bool(cudnn.benchmark),
+        "cudnn_deterministic": bool(cudnn.deterministic),
+        "cudnn_allow_tf32": bool(cudnn.allow_tf32),
+        "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
 
 
@@ -294,9 +311,11 @@ def _rounds(
         watchdog.phase = "training"
         loss = client.train_round(r, fault, guard)
         trained = time.perf_counter()
-        watchdog.phase = "evaluating"
-        test = client.evaluate("test")
-        val = client.evaluate("val") if "val" in client.eval_sets else None
+        test = val = None  # not evaluated this round (eval.every): NaN metrics in the file
+        if (r + 1) % cfg.eval.every == 0 or r + 1 == cfg.rounds:
+            watchdog.phase = "evaluating"
+            test = client.evaluate("test")
+            val = client.evaluate("val") if "val" in client.eval_sets else None
         traffic = ledger.end_round()
         finished = time.perf_counter()
         elapsed = finished - started
@@ -317,12 +336,15 @@ def _rounds(
         )
         # Progress line and stop agreement: a small Allreduce outside the round's ledger row.
         summary = comm.allreduce_sum(
-            np.array([test.minority_acc, traffic.total_sent, elapsed, float(stop_requested())])
+            np.array(
+                [np.nan if test is None else test.minority_acc, traffic.total_sent, elapsed, float(stop_requested())]
+            )
         )
         stop = summary[3] > 0 and r + 1 < cfg.rounds
         if comm.rank == 0:
+            minority = "     -" if test is None else f"{summary[0] / comm.size:.4f}"
             log(
-                f"round {r + 1:>4}/{cfg.rounds}  minority_acc {summary[0] / comm.size:.4f}  "
+                f"round {r + 1:>4}/{cfg.rounds}  minority_acc {minority}  "
                 f"bytes {int(summary[1]):>12,d}  {summary[2] / comm.size:6.2f} s"
             )
         watchdog.phase = "checkpointing"

@@ -6,9 +6,10 @@ run), so runs with another λ, k, model, optimizer or learning rate are never av
 Tables show the method plus every config key that tells the cells shown apart.
 
 A run's *score* for a test metric is its mean over clients, either averaged over the last N
-completed rounds (``select="last"``) or taken at the round with the highest validation minority
+evaluated rounds (``select="last"``) or taken at the round with the highest validation minority
 accuracy (``select="best-val"``; ties -> the earliest round), so the round reported is chosen on
-the validation split, never on the test split. A cell's sd is the sample sd (ddof=1) over seeds.
+the validation split, never on the test split. Rounds a run did not evaluate (``eval.every`` > 1:
+NaN metrics) are never scored. A cell's sd is the sample sd (ddof=1) over seeds.
 A run that stopped early (``completed_rounds < rounds``) is excluded unless asked for.
 """
 
@@ -132,20 +133,24 @@ def summarize(source: str | Path | Results, last: int = 1, select: str = "last")
     if absent:
         raise ReportError(f"{path}: no {', '.join(absent)}")
     curves = {m: res.metrics[m].mean(axis=1) for m in SCORES}
+    # evaluated rounds: every client has test metrics (eval.every leaves the others NaN)
+    evaluated = np.flatnonzero(~np.isnan(res.metrics["minority_acc"]).any(axis=1))
+    if len(evaluated) == 0:
+        raise ReportError(f"{path}: no evaluated round among the {res.completed_rounds} completed")
     selected = None
     if select == "last":
-        window = slice(max(0, res.completed_rounds - last), res.completed_rounds)
+        window = evaluated[-last:]
     elif select == "best-val":
         if SELECT_METRIC not in res.metrics:
             raise ReportError(
                 f"{path}: no /metrics/{SELECT_METRIC}, which --select best-val needs "
                 "(a file written before validation metrics existed?)"
             )
-        val = res.metrics[SELECT_METRIC].mean(axis=1)
+        val = res.metrics[SELECT_METRIC].mean(axis=1)[evaluated]
         if np.isnan(val).any():
-            raise ReportError(f"{path}: /metrics/{SELECT_METRIC} has missing values in completed rounds")
-        selected = int(np.argmax(val))  # the first maximum: ties -> the earliest round
-        window = slice(selected, selected + 1)
+            raise ReportError(f"{path}: /metrics/{SELECT_METRIC} has missing values in evaluated rounds")
+        selected = int(evaluated[np.argmax(val)])  # the first maximum: ties -> the earliest round
+        window = np.array([selected])
     else:
         raise ValueError(f"unknown selection rule {select!r}")
     attrs, data = res.attrs, res.config.get("data", {})
@@ -533,9 +538,11 @@ def plot_rounds(cells: dict[Cell, list[RunSummary]], path: str | Path, metric: s
                 table = np.full((len(curves), max(map(len, curves))), np.nan)
                 for i, c in enumerate(curves):
                     table[i, : len(c)] = c
+                evaluated = ~np.isnan(table).all(axis=0)  # eval.every > 1: the other rounds are gaps
+                x = np.arange(1, table.shape[1] + 1)[evaluated]
+                table = table[:, evaluated]
                 mean = np.nanmean(table, axis=0)
                 sd = np.array([_sd(list(col[~np.isnan(col)])) for col in table.T])
-                x = np.arange(1, table.shape[1] + 1)
                 _band(ax, x, mean, sd, f"{label}, s={fmt(s)}")
         ax.set_xlabel("round")
         ax.legend(fontsize="small")
@@ -572,7 +579,7 @@ def rule(select: str, last: int) -> str:
             "score = mean over clients of each test metric at the round with the highest validation "
             "minority accuracy (mean over clients; ties -> the earliest round)"
         )
-    return f"score = mean over clients of each test metric, averaged over the last {last} completed round(s)"
+    return f"score = mean over clients of each test metric, averaged over the last {last} evaluated round(s)"
 
 
 def render(

@@ -4,14 +4,16 @@ Layout (a contract the report and later tools rely on):
 
     /                       attrs: config (YAML), mpicd_version, versions (YAML), algorithm,
                                    clients, rounds, num_parameters, feature_dim, num_classes,
-                                   eval_split, val_split, normalization (YAML), writer
+                                   eval_split, val_split, normalization (YAML), backends (YAML:
+                                   deterministic algorithms, cuDNN and TF32 settings), writer
                                    ("mpio" | "serial"), completed_rounds, resumed_at (list of the
                                    rounds a resumed job started from)
     /metrics/<name>         (rounds, clients) float64: train_loss (= train_ce + train_extra, the
                             sample-weighted means of the cross-entropy and of the algorithm's
                             extra term), test_acc, balanced_acc, minority_acc (held-out test
                             split), val_acc, val_balanced_acc, val_minority_acc (validation
-                            split: for choosing hyper-parameters and rounds), comm_seconds
+                            split: for choosing hyper-parameters and rounds; NaN in rounds
+                            that eval.every skips), comm_seconds
                             (inside MPI calls, waiting included), compute_seconds (the rest of
                             the round), train_seconds (hooks + local epochs, minus comm),
                             eval_seconds, write_seconds (this rank's collective write of the

@@ -29,7 +29,7 @@ def test_every_key_the_loader_accepts_is_in_the_tables():
 
     tables = readme_tables()
     keys = set(dotted({k: v for k, v in to_mapping(Config()).items() if k != "algorithm"}))
-    assert len(keys) == 32  # 26 + on_nonfinite, debug.fail_{rank,round,kind,at}, timeout.round_seconds
+    assert len(keys) == 33  # 26 + on_nonfinite, debug.fail_{rank,round,kind,at}, timeout.round_seconds, eval.every
     for key in keys | {"algorithm.name"}:
         assert f"| `{key}` |" in tables, key
     for name, cls in REGISTRY.items():
