@@ -72,6 +72,7 @@ KEYS = {
     "train.batch_size": Key("int", 1),
     "train.local_epochs": Key("int", 1),
     "train.eval_batch_size": Key("int", 1),
+    "eval.every": Key("int", 1),
     "checkpoint.every": Key("int", 0),
     "debug.fail_rank": Key("int", 0, optional=True),
     "debug.fail_round": Key("int", 0),
@@ -86,7 +87,7 @@ KEYS = {
     "algorithm.teacher_per": Key("choice", choices=("round", "batch")),
     "algorithm.classes": Key("choice", choices=("expertise", "all")),
 }
-SECTIONS = ("data", "model", "train", "checkpoint", "debug", "timeout", "algorithm")
+SECTIONS = ("data", "model", "train", "eval", "checkpoint", "debug", "timeout", "algorithm")
 KNOWN = {section: {k.split(".")[1] for k in KEYS if k.startswith(section + ".")} for section in SECTIONS}
 KNOWN[""] = {k for k in KEYS if "." not in k} | set(SECTIONS)
 # A valid config for 2 ranks (the data limit: a client holds at most 74 training images of a class).
@@ -99,6 +100,7 @@ BASE = {
     "data": {"name": "breast_cancer", "skew": 0.6},
     "model": {"name": "mlp", "feature_dim": 8, "hidden": 8},
     "train": {"optimizer": "adam", "lr": 0.001, "batch_size": 32},
+    "eval": {"every": 1},
     "checkpoint": {"every": 0},
     "debug": {"fail_kind": "exception"},
     "timeout": {"round_seconds": None},
