@@ -302,9 +302,7 @@ def report(args: argparse.Namespace) -> int:
 
 
 def sweep(args: argparse.Namespace) -> int:
-    import shlex
-
-    from .sweep import is_done, load_sweep
+    from .sweep import load_sweep
 
     try:
         runs = load_sweep(args.sweep)
@@ -315,6 +313,18 @@ def sweep(args: argparse.Namespace) -> int:
     if chosen is not None and not 0 <= chosen < len(runs):
         print(f"mpicd: run index {chosen} out of range: {args.sweep} has runs 0..{len(runs) - 1}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    try:
+        return _sweep_answer(args, runs, chosen)
+    except ConfigError as err:  # a complete results file of another config (sweep.is_done)
+        print(f"mpicd: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _sweep_answer(args: argparse.Namespace, runs: list, chosen: int | None) -> int:
+    import shlex
+
+    from .sweep import is_done
+
     if args.pending:
         print("\n".join(str(r.index) for r in runs if not is_done(r)))
     elif args.ranks is not None:

@@ -153,6 +153,46 @@ def is_operational(dotted: str) -> bool:
     return any(dotted == key or dotted.startswith(key + ".") for key in OPERATIONAL_KEYS)
 
 
+def computed_config(tree: dict, prefix: str = "") -> dict:
+    """A resolved config as flat dotted keys, without the operational ones (checkpoint, device ...)."""
+    flat = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if is_operational(dotted):
+            continue
+        if isinstance(value, dict):
+            flat.update(computed_config(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def config_difference(
+    saved: dict, current: dict, saved_as: str, current_as: str, defaults: dict | None = None
+) -> str | None:
+    """The first key whose computed value differs between two resolved configs, or None; e.g.
+    ``algorithm.lambda: the checkpoint has 1.0, this run 0.3``. A key ``saved`` lacks (written
+    before the key existed) counts as its value in ``defaults`` (a resolved tree of defaults): what
+    the older version did."""
+    a, b = computed_config(saved), computed_config(current)
+    fallback = computed_config(defaults) if defaults else {}
+    for key in sorted(set(a) | set(b)):
+        old = a.get(key, fallback.get(key, "<absent>"))
+        if old != b.get(key, "<absent>"):
+            return f"{key}: {saved_as} has {a.get(key, '<absent>')!r}, {current_as} {b.get(key, '<absent>')!r}"
+    return None
+
+
+def resolved_defaults(algorithm_name: str) -> dict:
+    """Every key at its default, the algorithm's own included (as a resolved config is stored)."""
+    from .algorithms import REGISTRY
+
+    return {
+        **to_mapping(Config()),
+        "algorithm": {"name": algorithm_name, **to_mapping(REGISTRY[algorithm_name].Params())},
+    }
+
+
 @dataclass
 class Config:
     """The whole experiment. ``algorithm`` stays a mapping here; the registry validates it."""

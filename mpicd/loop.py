@@ -25,7 +25,7 @@ from .faults import FaultInjector
 from .nonfinite import NonFiniteGuard
 from .watchdog import Watchdog
 from .comm import Traffic
-from .config import ConfigError, is_operational
+from .config import ConfigError, config_difference, resolved_defaults
 from .models import num_parameters
 from .plan import Plan
 
@@ -85,29 +85,6 @@ def backend_settings() -> dict:
         "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
-
-
-def computed_config(tree: dict, prefix: str = "") -> dict:
-    """The resolved config as flat dotted keys, without the operational ones (checkpoint, device ...)."""
-    flat = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if is_operational(dotted):
-            continue
-        if isinstance(value, dict):
-            flat.update(computed_config(value, dotted + "."))
-        else:
-            flat[dotted] = value
-    return flat
-
-
-def config_difference(saved: dict, current: dict) -> str | None:
-    """The first key whose value differs between a checkpoint's config and this run's, or None."""
-    a, b = computed_config(saved), computed_config(current)
-    for key in sorted(set(a) | set(b)):
-        if a.get(key, "<absent>") != b.get(key, "<absent>"):
-            return f"{key}: the checkpoint has {a.get(key, '<absent>')!r}, this run {b.get(key, '<absent>')!r}"
-    return None
 
 
 @dataclass(frozen=True)
@@ -191,7 +168,8 @@ def resume_point(plan: Plan, client: Client, comm, out: Path) -> int:
     ok = int(comm.allreduce_min(np.array([int(state is not None)], dtype=np.int64))[0])
     if not ok:
         return 0
-    difference = config_difference(state["config"], plan.resolved_config)
+    defaults = resolved_defaults(plan.algorithm_cls.name)
+    difference = config_difference(state["config"], plan.resolved_config, "the checkpoint", "this run", defaults)
     same = int(comm.allreduce_min(np.array([int(difference is None)], dtype=np.int64))[0])
     if not same:  # every rank raises here, so none is left in a collective
         raise ConfigError(

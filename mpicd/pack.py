@@ -88,7 +88,13 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
         return 2
     size = runs[0].ranks
     groups = world.size // size
-    pending = np.array([r.index for r in runs if not is_done(r)] if world.rank == 0 else [], dtype=np.int64)
+    try:  # rank 0 reads the files; a stale one (is_done raises) fails every rank with one message
+        pending = agreed(
+            world,
+            lambda: np.array([r.index for r in runs if not is_done(r)] if world.rank == 0 else [], dtype=np.int64),
+        )
+    except ConfigError:
+        return 2
     count = world.bcast(np.array([len(pending)], dtype=np.int64))[0]
     pending = world.bcast(pending if world.rank == 0 else np.empty(count, dtype=np.int64))
     if world.rank == 0:

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from .algorithms import resolve
-from .config import ConfigError, inline, load_config
+from .config import ConfigError, config_difference, inline, load_config, resolved_defaults, to_mapping
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class SweepRun:
     ranks: int
     rounds: int
     output: Path
+    resolved: dict | None = field(default=None, compare=False, repr=False)  # as the results file stores it
 
 
 def _label(key: str, value) -> str:
@@ -64,13 +65,13 @@ def load_sweep(path: str | Path) -> list[SweepRun]:
         overrides = tuple(f"{k}={inline(v)}" for k, v in zip(keys, values))
         try:
             config = load_config(base, overrides)
-            resolve(config.algorithm)
+            cls, params = resolve(config.algorithm)
         except ConfigError as err:
             raise ConfigError(err.key, f"run {index} of {path} ({' '.join(overrides)}): {err}") from None
         name = "_".join(_label(k, v) for k, v in zip(keys, values))
-        runs.append(
-            SweepRun(index, base, overrides, config.clients, config.rounds, output_dir / f"{index:04d}_{name}.h5")
-        )
+        resolved = {**to_mapping(config), "algorithm": {"name": cls.name, **to_mapping(params)}}  # as Plan's
+        out = output_dir / f"{index:04d}_{name}.h5"
+        runs.append(SweepRun(index, base, overrides, config.clients, config.rounds, out, resolved))
     return runs
 
 
@@ -91,11 +92,28 @@ def progress(finished: int, failed: int, total: int, elapsed: float, run_seconds
 
 
 def is_done(run: SweepRun) -> bool:
-    """The results file exists and holds every round."""
+    """The results file exists and holds every round of this run's config.
+
+    A complete file made with another config (the sweep file changed since; output names carry
+    only the grid's labels, e.g. ``algorithm=codistill`` for any lambda) raises ConfigError naming
+    the file and the first differing key: it is neither skipped as done nor silently overwritten.
+    An incomplete one is left to the run, whose resume refuses a checkpoint of another config.
+    """
     import h5py
 
     try:
         with h5py.File(run.output, "r") as f:
-            return int(f.attrs["completed_rounds"]) == run.rounds
+            complete = int(f.attrs["completed_rounds"]) == run.rounds
+            stored = f.attrs.get("config")
     except (OSError, KeyError):
         return False
+    if complete and run.resolved is not None and stored is not None:
+        defaults = resolved_defaults(run.resolved["algorithm"]["name"])
+        difference = config_difference(yaml.safe_load(stored), run.resolved, "the file", "the sweep", defaults)
+        if difference is not None:
+            raise ConfigError(
+                "output_dir",
+                f"{run.output} holds a complete run of another config ({difference}): "
+                "move it away, or restore the sweep file",
+            )
+    return complete

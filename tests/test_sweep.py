@@ -3,14 +3,16 @@
 
 import os
 import subprocess
+import sys
 
 import pytest
+import yaml
 
 from mpicd.config import ConfigError
 from mpicd.results import Results
 from mpicd.sweep import is_done, load_sweep
 
-from conftest import QUICKSTART, ROOT, mpi_env
+from conftest import QUICKSTART, ROOT, mpi_env, mpiexec
 
 
 def sweep_file(tmp_path, grid, **extra):
@@ -79,6 +81,48 @@ def test_workstation_sweep_runs_everything_then_resumes(tiny_sweep):
         ["bash", "jobs/sweep.sh", str(tiny_sweep)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert again.returncode == 0 and "=== run" not in again.stdout
+
+    # The sweep file changes a value its output names do not show (codistill's lambda): the complete
+    # file is of another config, so it is neither skipped as done nor overwritten, everywhere.
+    spec = yaml.safe_load(tiny_sweep.read_text())
+    spec["grid"]["algorithm"][1]["lambda"] = 0.5
+    changed = tiny_sweep.with_name("changed.yaml")
+    changed.write_text(yaml.safe_dump(spec, sort_keys=False))
+    stale = load_sweep(changed)
+    assert stale[1].output == runs[1].output and is_done(stale[0])
+    with pytest.raises(
+        ConfigError, match=r"holds a complete run of another config \(algorithm.lambda: the file has 1.0"
+    ):
+        is_done(stale[1])
+    before = runs[1].output.stat().st_mtime_ns
+    for how in (["--pending"], ["--status", "1"]):
+        answer = subprocess.run(
+            [sys.executable, "-m", "mpicd", "sweep", str(changed), *how],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert answer.returncode == 2 and str(runs[1].output) in answer.stderr, (how, answer.stderr)
+    packed = mpiexec(2, "-m", "mpicd", "pack", str(changed), timeout=120)
+    assert packed.returncode == 2, packed.stdout + packed.stderr
+    assert packed.stderr.count("holds a complete run of another config") == 1, packed.stderr
+    assert runs[1].output.stat().st_mtime_ns == before
+
+
+def test_a_key_older_files_lack_counts_as_its_default():
+    from mpicd.config import config_difference, resolved_defaults
+
+    current = resolved_defaults("codistill")
+    older = {k: v for k, v in current.items() if k != "on_nonfinite"}  # written before the key existed
+    defaults = resolved_defaults("codistill")
+    assert config_difference(older, current, "the file", "the sweep", defaults) is None
+    assert config_difference(older, {**current, "on_nonfinite": "skip"}, "the file", "the sweep", defaults) == (
+        "on_nonfinite: the file has '<absent>', the sweep 'skip'"
+    )
+    assert config_difference(older, current, "the file", "the sweep") == (
+        "on_nonfinite: the file has '<absent>', the sweep 'abort'"
+    )
 
 
 def test_slurm_scripts_with_mpirun_as_launcher(tmp_path):
