@@ -10,7 +10,10 @@ makes every result bit-identical to theirs on CPU (``tests/test_optim.py`` check
 torch.optim). ``state_dict`` has torch's layout, so checkpoints load either way.
 
 Supported: Adam (betas, eps, L2 ``weight_decay``) and SGD (``momentum``, L2 ``weight_decay``,
-no dampening, no Nesterov): the options ``train`` offers.
+no dampening, no Nesterov): the options ``train`` offers. On a GPU torch.optim would pick its
+multi-tensor (foreach) code instead, which launches fewer kernels per step; this module always
+runs the single-tensor loop (a few kernel launches per parameter tensor: ~60 tensors for
+ResNet-18). Not measured on a GPU yet.
 """
 
 from __future__ import annotations
