@@ -167,30 +167,30 @@ def computed_config(tree: dict, prefix: str = "") -> dict:
     return flat
 
 
-def config_difference(
-    saved: dict, current: dict, saved_as: str, current_as: str, defaults: dict | None = None
-) -> str | None:
+# Keys added after results files and checkpoints were already being written, each with the value
+# that reproduces what those older files did; a file without the key counts as holding it (resume,
+# sweeps, report cells). A key whose default changed what a run computes must never be listed.
+ADDED_LATER: dict[str, tuple[str | None, Any]] = {
+    "on_nonfinite": (None, "abort"),  # before: no check; a finished run never met a NaN either way
+    "algorithm.exchange": ("fedamp", "allgather"),  # before: always the Allgather
+}
+
+
+def with_added_keys(flat: dict) -> dict:
+    """A flat (dotted) config plus the ``ADDED_LATER`` keys it lacks, at their older-version values."""
+    name = flat.get("algorithm.name")
+    return {**{k: v for k, (algorithm, v) in ADDED_LATER.items() if algorithm in (None, name)}, **flat}
+
+
+def config_difference(saved: dict, current: dict, saved_as: str, current_as: str) -> str | None:
     """The first key whose computed value differs between two resolved configs, or None; e.g.
-    ``algorithm.lambda: the checkpoint has 1.0, this run 0.3``. A key ``saved`` lacks (written
-    before the key existed) counts as its value in ``defaults`` (a resolved tree of defaults): what
-    the older version did."""
-    a, b = computed_config(saved), computed_config(current)
-    fallback = computed_config(defaults) if defaults else {}
+    ``algorithm.lambda: the checkpoint has 1.0, this run 0.3``. ``saved`` may predate a key of
+    ``ADDED_LATER``: it then counts as what the older version did."""
+    a, b = with_added_keys(computed_config(saved)), computed_config(current)
     for key in sorted(set(a) | set(b)):
-        old = a.get(key, fallback.get(key, "<absent>"))
-        if old != b.get(key, "<absent>"):
+        if a.get(key, "<absent>") != b.get(key, "<absent>"):
             return f"{key}: {saved_as} has {a.get(key, '<absent>')!r}, {current_as} {b.get(key, '<absent>')!r}"
     return None
-
-
-def resolved_defaults(algorithm_name: str) -> dict:
-    """Every key at its default, the algorithm's own included (as a resolved config is stored)."""
-    from .algorithms import REGISTRY
-
-    return {
-        **to_mapping(Config()),
-        "algorithm": {"name": algorithm_name, **to_mapping(REGISTRY[algorithm_name].Params())},
-    }
 
 
 @dataclass

@@ -25,7 +25,7 @@ from .faults import FaultInjector
 from .nonfinite import NonFiniteGuard
 from .watchdog import Watchdog
 from .comm import Traffic
-from .config import ConfigError, config_difference, resolved_defaults
+from .config import ConfigError, config_difference
 from .models import num_parameters
 from .plan import Plan
 
@@ -168,8 +168,7 @@ def resume_point(plan: Plan, client: Client, comm, out: Path) -> int:
     ok = int(comm.allreduce_min(np.array([int(state is not None)], dtype=np.int64))[0])
     if not ok:
         return 0
-    defaults = resolved_defaults(plan.algorithm_cls.name)
-    difference = config_difference(state["config"], plan.resolved_config, "the checkpoint", "this run", defaults)
+    difference = config_difference(state["config"], plan.resolved_config, "the checkpoint", "this run")
     same = int(comm.allreduce_min(np.array([int(difference is None)], dtype=np.int64))[0])
     if not same:  # every rank raises here, so none is left in a collective
         raise ConfigError(

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .config import OPERATIONAL_KEYS
+from .config import OPERATIONAL_KEYS, with_added_keys
 from .results import Results, ResultsFileError
 
 SCORES = ("minority_acc", "balanced_acc", "test_acc")
@@ -85,7 +85,8 @@ class Cell:
 
     @classmethod
     def of(cls, config: dict) -> "Cell":
-        return cls(tuple(sorted((k, v) for k, v in _flatten(config).items() if not _operational(k))))
+        flat = with_added_keys(_flatten(config))  # a file older than a key counts as its older behaviour
+        return cls(tuple(sorted((k, v) for k, v in flat.items() if not _operational(k))))
 
     def get(self, key: str) -> Any:
         return dict(self.items).get(key, MISSING)

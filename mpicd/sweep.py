@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from .algorithms import resolve
-from .config import ConfigError, config_difference, inline, load_config, resolved_defaults, to_mapping
+from .config import ConfigError, config_difference, inline, load_config, to_mapping
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,8 @@ def is_done(run: SweepRun) -> bool:
 
     A complete file made with another config (the sweep file changed since; output names carry
     only the grid's labels, e.g. ``algorithm=codistill`` for any lambda) raises ConfigError naming
-    the file and the first differing key: it is neither skipped as done nor silently overwritten.
+    the file and the first differing key: it is neither skipped as done nor silently overwritten
+    (a file older than a key of ``config.ADDED_LATER`` counts as that version's behaviour).
     An incomplete one is left to the run, whose resume refuses a checkpoint of another config.
     """
     import h5py
@@ -108,8 +109,7 @@ def is_done(run: SweepRun) -> bool:
     except (OSError, KeyError):
         return False
     if complete and run.resolved is not None and stored is not None:
-        defaults = resolved_defaults(run.resolved["algorithm"]["name"])
-        difference = config_difference(yaml.safe_load(stored), run.resolved, "the file", "the sweep", defaults)
+        difference = config_difference(yaml.safe_load(stored), run.resolved, "the file", "the sweep")
         if difference is not None:
             raise ConfigError(
                 "output_dir",

@@ -110,18 +110,35 @@ def test_workstation_sweep_runs_everything_then_resumes(tiny_sweep):
     assert runs[1].output.stat().st_mtime_ns == before
 
 
-def test_a_key_older_files_lack_counts_as_its_default():
-    from mpicd.config import config_difference, resolved_defaults
+def test_a_key_older_files_lack_counts_as_what_older_versions_did():
+    """Only the keys of ADDED_LATER: on_nonfinite (no check before: abort for a finished run) and
+    FedAMP's exchange (always the Allgather before); any other missing key is a difference."""
+    from mpicd.algorithms import REGISTRY
+    from mpicd.config import Config, config_difference, to_mapping
+    from mpicd.report import MISSING, Cell
 
-    current = resolved_defaults("codistill")
-    older = {k: v for k, v in current.items() if k != "on_nonfinite"}  # written before the key existed
-    defaults = resolved_defaults("codistill")
-    assert config_difference(older, current, "the file", "the sweep", defaults) is None
-    assert config_difference(older, {**current, "on_nonfinite": "skip"}, "the file", "the sweep", defaults) == (
-        "on_nonfinite: the file has '<absent>', the sweep 'skip'"
+    def resolved(name, **algorithm):
+        params = to_mapping(REGISTRY[name].Params())
+        return {**to_mapping(Config()), "algorithm": {"name": name, **params, **algorithm}}
+
+    current = resolved("fedamp")
+    older = {k: v for k, v in current.items() if k != "on_nonfinite"}
+    older["algorithm"] = {k: v for k, v in current["algorithm"].items() if k != "exchange"}
+    assert config_difference(older, current, "the file", "the sweep") is None
+    assert Cell.of(older) == Cell.of(current)
+    assert config_difference(older, resolved("fedamp", exchange="ring"), "the file", "the sweep") == (
+        "algorithm.exchange: the file has 'allgather', the sweep 'ring'"  # the older version's value
     )
-    assert config_difference(older, current, "the file", "the sweep") == (
-        "on_nonfinite: the file has '<absent>', the sweep 'abort'"
+    assert config_difference(older, {**current, "on_nonfinite": "skip"}, "the file", "the sweep") == (
+        "on_nonfinite: the file has 'abort', the sweep 'skip'"
+    )
+    assert Cell.of(older) != Cell.of({**current, "on_nonfinite": "skip"})
+    # exchange is FedAMP's key only; a key not in ADDED_LATER is never filled in
+    codistill = resolved("codistill")
+    assert Cell.of(codistill).get("algorithm.exchange") is MISSING
+    no_mode = {**codistill, "data": {k: v for k, v in codistill["data"].items() if k != "skew_mode"}}
+    assert config_difference(no_mode, codistill, "the file", "the sweep") == (
+        "data.skew_mode: the file has '<absent>', the sweep 'symmetric'"
     )
 
 
