@@ -2,9 +2,6 @@
 holding all N models, (N - 1) 4P bytes p2p per round, and checkpoint/resume through it."""
 
 import math
-import os
-import signal
-import subprocess
 
 import numpy as np
 import pytest
@@ -14,7 +11,7 @@ from mpicd.algorithms.fedamp import FedAMPParams, streaming_cloud
 from mpicd.results import Results
 
 from conftest import DRIVERS, ROOT, mpicd_run, mpiexec, require_pneumonia
-from test_resume import assert_same_run, start, wait_for_checkpoint
+from test_resume import assert_same_run, start, stop_on_request, wait_for_checkpoint
 
 ROUNDS = 3  # tests/drivers/fedamp_ring.py
 KIND = {"p2p": 0, "allreduce": 1, "allgather": 2, "bcast": 3}
@@ -171,13 +168,7 @@ def test_ring_on_pneumonia_from_the_cli_stops_and_resumes_like_an_uninterrupted_
     out = tmp_path / "run.h5"
     proc = start(out, config, overrides)
     wait_for_checkpoint(proc, out, 1)
-    os.kill(proc.pid, signal.SIGUSR1)
-    try:
-        stdout, stderr = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("the run did not stop after SIGUSR1")
-    assert proc.returncode == 75, (proc.returncode, stdout, stderr)
+    stop_on_request(proc)
     assert Results(out).completed_rounds < 5
     resumed = mpicd_run(4, config, out, *overrides, "--resume", timeout=400)
     assert "resuming at round" in resumed.stdout

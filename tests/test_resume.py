@@ -79,6 +79,19 @@ def wait_for_checkpoint(proc, out, completed: int, timeout: float = 180):
     pytest.fail(f"no checkpoint of round {completed} within {timeout} s")
 
 
+def stop_on_request(proc) -> str:
+    """SIGUSR1 to mpiexec (it forwards it to every rank); the job must end with exit 75 within
+    120 s. Returns its stdout."""
+    os.kill(proc.pid, signal.SIGUSR1)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the run did not stop after SIGUSR1")
+    assert proc.returncode == 75, (proc.returncode, stdout, stderr)
+    return stdout
+
+
 def descendants_alive(pids):
     alive = []
     for pid in pids:
@@ -146,13 +159,7 @@ def test_sigusr1_stops_at_a_round_boundary_and_resume_completes(tmp_path, refere
     out = tmp_path / "run.h5"
     proc = start(out, config, overrides)
     wait_for_checkpoint(proc, out, 1)
-    os.kill(proc.pid, signal.SIGUSR1)  # mpiexec forwards SIGUSR1 to every rank
-    try:
-        stdout, stderr = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("the run did not stop after SIGUSR1")
-    assert proc.returncode == 75, (proc.returncode, stdout, stderr)
+    stdout = stop_on_request(proc)
     assert "stopped on request" in stdout
     done = Results(out).completed_rounds
     assert done in checkpoint.available(checkpoint.folder_for(out), 0)
