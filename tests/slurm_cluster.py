@@ -43,7 +43,7 @@ SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={munge_socket}
+AuthInfo=socket={munge_socket},cred_expire=15
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool
 SlurmctldPidFile={root}/slurmctld.pid
@@ -65,6 +65,7 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 KillWait=5
 MinJobAge=5
+SchedulerParameters=sched_interval=2,bf_interval=1
 InactiveLimit=0
 MailProg=/bin/true
 NodeName=localhost NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN

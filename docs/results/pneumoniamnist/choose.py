@@ -48,7 +48,7 @@ def main() -> None:
     algo = scores("tune.yaml", lambda run: yaml.safe_dump(yaml.safe_load(run.overrides[0].split("=", 1)[1]),
                                                           default_flow_style=True).strip())
     best = {}
-    for setting, (score, n) in sorted(algo.items()):
+    for setting, (score, _n) in sorted(algo.items()):
         entry = yaml.safe_load(setting)
         name = entry["name"]
         if name not in best or score > best[name][1]:
