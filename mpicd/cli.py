@@ -472,16 +472,14 @@ def startup_seconds(comm, marks: list[float]) -> dict[str, float]:
 
 def _check_output(plan, out: str) -> None:
     """The results folder is writable and has room for the file and the checkpoints (rank 0 only)."""
-    from .models import build_model, num_parameters
     from .results import check_output_location, estimated_bytes
 
-    cfg, dataset = plan.config, plan.dataset
-    model = build_model(
-        cfg.model.name, dataset.input_shape, dataset.num_classes, cfg.model.feature_dim, cfg.model.hidden
-    )
+    cfg = plan.config
     check_output_location(
         out,
-        estimated_bytes(cfg.rounds, cfg.clients, dataset.num_classes, num_parameters(model), cfg.checkpoint.every > 0),
+        estimated_bytes(
+            cfg.rounds, cfg.clients, plan.dataset.num_classes, plan.num_parameters, cfg.checkpoint.every > 0
+        ),
     )
 
 

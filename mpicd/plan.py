@@ -13,7 +13,7 @@ from .algorithms import Algorithm, resolve
 from .config import Config, ConfigError, to_mapping
 from .data import Dataset, load_dataset
 from .data.partition import Partition, make_partition
-from .models import build_model
+from .models import build_model, num_parameters
 
 
 @dataclass
@@ -25,6 +25,7 @@ class Plan:
     partition: Partition
     algorithm_cls: type[Algorithm]
     algorithm_params: object
+    num_parameters: int  # P of the model every client builds (sizes the checkpoints before training)
     shared: object = None  # nodeshare.SharedMemory under the dataset's arrays (None: a private load)
 
     @property
@@ -64,15 +65,17 @@ def prepare(config: Config, comm=None) -> Plan:
             config.data.skew_mode,
         )
         algorithm_cls.check(params, partition.train_counts, partition.expertise)
-        build_model(
-            config.model.name,
-            dataset.input_shape,
-            dataset.num_classes,  # a mismatch fails here
-            config.model.feature_dim,
-            config.model.hidden,
+        parameters = num_parameters(
+            build_model(
+                config.model.name,
+                dataset.input_shape,
+                dataset.num_classes,  # a mismatch fails here
+                config.model.feature_dim,
+                config.model.hidden,
+            )
         )
     except ConfigError:
         if shared is not None:  # the same data and config: every rank of the node fails here alike
             shared.free()
         raise
-    return Plan(config, dataset, partition, algorithm_cls, params, shared)
+    return Plan(config, dataset, partition, algorithm_cls, params, parameters, shared)
