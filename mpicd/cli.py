@@ -66,6 +66,11 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     report.add_argument("--plot-rounds", metavar="FILE", help="minority accuracy against round (mean ± sd over seeds)")
     report.add_argument("--plot-bytes", metavar="FILE", help="bytes per round per rank of each method (log scale)")
     report.add_argument("--csv", metavar="FILE", help="write the cell table as CSV (one row per cell)")
+    report.add_argument(
+        "--versus-csv",
+        metavar="FILE",
+        help="write the --versus comparison as CSV (one row per compared cell: mean difference, interval, verdict)",
+    )
     sweep = argparse.ArgumentParser(
         prog="mpicd sweep", description="list the runs of a sweep file (jobs/sweep.sh and slurm/sweep.sbatch use this)"
     )
@@ -280,6 +285,9 @@ def report(args: argparse.Namespace) -> int:
     if args.last is not None and (args.last < 1 or args.select != "last"):
         print("mpicd: --last must be >= 1 and goes with --select last only", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.versus_csv and not args.versus:
+        print("mpicd: --versus-csv needs --versus METHOD (the method to compare against)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     last = args.last or 1
     try:
         runs, notes = rep.collect(args.files, last, args.select, args.include_incomplete)
@@ -298,6 +306,9 @@ def report(args: argparse.Namespace) -> int:
     if args.csv:
         rep.write_csv(cells, args.csv)
         print(f"csv: {args.csv}")
+    if args.versus_csv:
+        rep.write_versus_csv(cells, args.versus, args.versus_csv)
+        print(f"csv: {args.versus_csv}")
     return 0
 
 

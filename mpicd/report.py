@@ -417,6 +417,7 @@ class Paired:
     cell: Cell
     diffs: list[float]  # method - reference, per shared seed
     interval: tuple[float, float] | None
+    seeds: list[int]  # the seeds of ``diffs``, in the same order
 
     @property
     def mean(self) -> float | None:
@@ -445,12 +446,14 @@ def versus(cells: dict[Cell, list[RunSummary]], reference: str, metric: str = "m
         matches = [r for r in refs if r.drop("algorithm") == cell.drop("algorithm")]
         for ref in matches or [None]:
             by_seed = {r.seed: r.scores[metric] for r in cells[ref]} if ref else {}
-            diffs = [r.scores[metric] - by_seed[r.seed] for r in runs if r.seed in by_seed]
+            shared = [r for r in runs if r.seed in by_seed]
+            diffs = [r.scores[metric] - by_seed[r.seed] for r in shared]
             interval = None
             if len(diffs) > 1:
                 half = t_quantile(0.975, len(diffs) - 1) * np.std(diffs, ddof=1) / math.sqrt(len(diffs))
                 interval = (float(np.mean(diffs) - half), float(np.mean(diffs) + half))
-            out.append(Paired(_label(cell, keys), _label(ref, keys) if ref else reference, cell, diffs, interval))
+            label = _label(ref, keys) if ref else reference
+            out.append(Paired(_label(cell, keys), label, cell, diffs, interval, [r.seed for r in shared]))
     return out
 
 
@@ -473,6 +476,31 @@ def versus_table(cells: dict[Cell, list[RunSummary]], reference: str, metric: st
             + f"{len(p.diffs)} | {mean} | {ci} | {p.verdict} |"
         )
     return "\n".join(lines)
+
+
+def write_versus_csv(
+    cells: dict[Cell, list[RunSummary]], reference: str, path: str | Path, metric: str = "minority_acc"
+) -> None:
+    """The paired comparison, machine-readable: one row per compared cell; the interval and verdict
+    are empty where fewer than two seeds pair."""
+    pairs = versus(cells, reference, metric)
+    keys = [k for k in distinguishing(cells) if not k.startswith("algorithm.")]
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(
+            ["method", "versus", *keys, "metric", "pairs", "seeds", "mean_diff", "ci_low", "ci_high", "verdict"]
+        )
+        for p in pairs:
+            lo, hi = p.interval if p.interval else ("", "")
+            out.writerow(
+                [p.method, p.reference]
+                + [
+                    "" if (v := p.cell.get(k)) is MISSING else v if isinstance(v, (int, float)) else fmt(v)
+                    for k in keys
+                ]
+                + [metric, len(p.diffs), " ".join(map(str, sorted(p.seeds))), "" if p.mean is None else p.mean]
+                + [lo, hi, "" if p.interval is None else p.verdict]
+            )
 
 
 # --------------------------------------------------------------------------- plots

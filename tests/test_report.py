@@ -350,6 +350,30 @@ def test_versus_table_from_the_command_line(paired):
 # ----------------------------------------------------------------------------- CSV and plots
 
 
+def test_versus_csv_from_the_command_line(paired, tmp_path):
+    path = tmp_path / "paired.csv"
+    result = run_cli(*paired, "--versus", "local", "--versus-csv", str(path))
+    assert result.returncode == 0, result.stderr
+    with open(path, newline="") as f:
+        rows = {(r["method"], r["data.skew"]): r for r in csv.DictReader(f)}
+    assert set(rows) == {("codistill", "0.6"), ("fedavg", "0.6"), ("codistill", "0.2")}
+    # the hand-derived values of test_versus_pairs_by_seed_with_a_t_interval_and_a_verdict
+    win = rows["codistill", "0.6"]
+    assert win["versus"] == "local" and win["metric"] == "minority_acc"
+    assert win["pairs"] == "5" and win["seeds"] == "0 1 2 3 4"  # seed 7 has no local partner
+    assert float(win["mean_diff"]) == pytest.approx(0.10, abs=1e-9)
+    assert float(win["ci_low"]) == pytest.approx(0.10 - 0.062083, abs=1e-5)
+    assert float(win["ci_high"]) == pytest.approx(0.10 + 0.062083, abs=1e-5)
+    assert win["verdict"] == "wins"
+    lose = rows["fedavg", "0.6"]
+    assert lose["pairs"] == "3" and lose["seeds"] == "0 1 2" and lose["verdict"] == "loses"
+    assert float(lose["ci_high"]) == pytest.approx(-0.233333 + 0.143422, abs=1e-5)
+    assert rows["codistill", "0.2"]["verdict"] == "ties"
+    alone = run_cli(*paired, "--versus-csv", str(tmp_path / "x.csv"))
+    assert alone.returncode == 2 and "--versus-csv needs --versus" in alone.stderr
+    assert not (tmp_path / "x.csv").exists()
+
+
 def test_csv_has_one_row_per_cell(paired, tmp_path):
     cells = group(summarize(p) for p in paired)
     write_csv(cells, tmp_path / "cells.csv")

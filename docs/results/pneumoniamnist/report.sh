@@ -15,7 +15,7 @@ main=("$res"/main-high/*.h5 "$res"/main-low/*.h5)
   report "${main[@]}" --select best-val --csv "$here/main-bestval.csv"
   for ref in local fedavg fedproto feddistill fedamp centralized; do
     echo; echo "## Paired differences against $ref (last 10 rounds)"; echo
-    report "${main[@]}" --last 10 --versus "$ref"
+    report "${main[@]}" --last 10 --versus "$ref" --versus-csv "$here/main-versus-$ref.csv"
   done
 } > "$here/main.md"
 for stage in cnn six-clients; do
@@ -24,9 +24,9 @@ for stage in cnn six-clients; do
     echo "# $stage"; echo
     report "${files[@]}" --last 10 --csv "$here/$stage.csv"
     echo; echo "## Paired differences against local (last 10 rounds)"; echo
-    report "${files[@]}" --last 10 --versus local
+    report "${files[@]}" --last 10 --versus local --versus-csv "$here/$stage-versus-local.csv"
     echo; echo "## Paired differences against codistill (last 10 rounds)"; echo
-    report "${files[@]}" --last 10 --versus codistill
+    report "${files[@]}" --last 10 --versus codistill --versus-csv "$here/$stage-versus-codistill.csv"
   } > "$here/$stage.md"
 done
-echo "written: $here/{main,cnn,six-clients}.md, *.csv, *.png"
+echo "written: $here/{main,cnn,six-clients}.md, *.csv (cells, *-versus-*: paired comparisons), *.png"
