@@ -370,9 +370,12 @@ def write_csv(cells: dict[Cell, list[RunSummary]], path: str | Path) -> None:
         out = csv.writer(f)
         out.writerow(header)
         for row in rows:
-            out.writerow(
-                ["" if v is None or v is MISSING else v if isinstance(v, (int, float)) else fmt(v) for v in row]
-            )
+            out.writerow([_csv_value(v) for v in row])
+
+
+def _csv_value(v: Any) -> Any:
+    """Numbers as they are, other values as the tables print them, absent ones empty."""
+    return "" if v is None or v is MISSING else v if isinstance(v, (int, float)) else fmt(v)
 
 
 # --------------------------------------------------------------------------- paired comparison
@@ -494,10 +497,7 @@ def write_versus_csv(
             lo, hi = p.interval if p.interval else ("", "")
             out.writerow(
                 [p.method, p.reference]
-                + [
-                    "" if (v := p.cell.get(k)) is MISSING else v if isinstance(v, (int, float)) else fmt(v)
-                    for k in keys
-                ]
+                + [_csv_value(p.cell.get(k)) for k in keys]
                 + [metric, len(p.diffs), " ".join(map(str, sorted(p.seeds))), "" if p.mean is None else p.mean]
                 + [lo, hi, "" if p.interval is None else p.verdict]
             )
