@@ -61,6 +61,16 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
         "difference in minority accuracy, 95%% t-interval, wins/ties/loses",
     )
     report.add_argument(
+        "--versus-metric",
+        metavar="METRIC",
+        help="the score --versus compares: minority_acc (default), balanced_acc or test_acc",
+    )
+    report.add_argument(
+        "--versus-only",
+        action="store_true",
+        help="print only what was read and the --versus comparison, not the cell tables",
+    )
+    report.add_argument(
         "--plot", metavar="FILE", help="minority accuracy against skew, ±sd bands, one panel per setting"
     )
     report.add_argument("--plot-rounds", metavar="FILE", help="minority accuracy against round (mean ± sd over seeds)")
@@ -285,8 +295,16 @@ def report(args: argparse.Namespace) -> int:
     if args.last is not None and (args.last < 1 or args.select != "last"):
         print("mpicd: --last must be >= 1 and goes with --select last only", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.versus_csv and not args.versus:
-        print("mpicd: --versus-csv needs --versus METHOD (the method to compare against)", file=sys.stderr)
+    for flag, given in (("--versus-csv", args.versus_csv), ("--versus-metric", args.versus_metric)):
+        if given and not args.versus:
+            print(f"mpicd: {flag} needs --versus METHOD (the method to compare against)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    if args.versus_only and not args.versus:
+        print("mpicd: --versus-only needs --versus METHOD (the method to compare against)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    metric = args.versus_metric or "minority_acc"
+    if metric not in rep.SCORES:
+        print(f"mpicd: --versus-metric {metric}: not one of {', '.join(rep.SCORES)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     last = args.last or 1
     try:
@@ -294,7 +312,7 @@ def report(args: argparse.Namespace) -> int:
         if not runs:
             raise rep.ReportError("no run left to report: " + "; ".join(notes) + " (--include-incomplete reports them)")
         cells = rep.group(runs)
-        text = rep.render(cells, last, args.select, notes, args.versus)
+        text = rep.render(cells, last, args.select, notes, args.versus, metric, args.versus_only)
     except (OSError, KeyError, ValueError) as err:
         print(f"mpicd: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -307,7 +325,7 @@ def report(args: argparse.Namespace) -> int:
         rep.write_csv(cells, args.csv)
         print(f"csv: {args.csv}")
     if args.versus_csv:
-        rep.write_versus_csv(cells, args.versus, args.versus_csv)
+        rep.write_versus_csv(cells, args.versus, args.versus_csv, metric)
         print(f"csv: {args.versus_csv}")
     return 0
 

@@ -617,6 +617,8 @@ def render(
     select: str = "last",
     notes: Iterable[str] = (),
     versus_method: str | None = None,
+    versus_metric: str = "minority_acc",
+    versus_only: bool = False,
 ) -> str:
     runs = [r for v in cells.values() for r in v]
     rounds = sorted({r.rounds for r in runs})
@@ -626,7 +628,9 @@ def render(
     chosen = [r.selected_round + 1 for r in runs if r.selected_round is not None]
     if chosen:
         head.append(f"rounds chosen on validation: {min(chosen)}..{max(chosen)} (median {np.median(chosen):g})")
-    parts = ["\n".join([*head, *notes]), skew_table(cells), cell_table(cells)]
+    parts = ["\n".join([*head, *notes])]
+    if not (versus_method and versus_only):
+        parts += [skew_table(cells), cell_table(cells)]
     if versus_method:
-        parts.append(versus_table(cells, versus_method))
+        parts.append(versus_table(cells, versus_method, versus_metric))
     return "\n\n".join(parts)

@@ -55,10 +55,12 @@ def config(**dotted):
     return tree
 
 
-def write(path, cfg, minority, *, completed=None, val=None, sent=800, recv=400):
+def write(path, cfg, minority, *, completed=None, val=None, sent=800, recv=400, balanced=None):
     """A results file in mpicd's layout. ``minority``: per round, a score (both clients equal) or a
-    per-client list; balanced_acc = minority + 0.1 and test_acc = minority + 0.2 everywhere."""
+    per-client list; balanced_acc = minority + 0.1 (or ``balanced``, given like ``minority``) and
+    test_acc = minority + 0.2 everywhere."""
     m = np.array([[v, v] if np.isscalar(v) else v for v in minority], dtype=float)
+    b = m + 0.1 if balanced is None else np.array([[v, v] if np.isscalar(v) else v for v in balanced], dtype=float)
     rounds, clients = cfg["rounds"], m.shape[1]
     done = len(m) if completed is None else completed
     with h5py.File(path, "w") as f:
@@ -86,7 +88,7 @@ def write(path, cfg, minority, *, completed=None, val=None, sent=800, recv=400):
             d[: len(values)] = values
 
         metric("minority_acc", m)
-        metric("balanced_acc", m + 0.1)
+        metric("balanced_acc", b)
         metric("test_acc", m + 0.2)
         metric("bytes_sent", np.full(m.shape, sent, dtype=np.int64))
         metric("bytes_recv", np.full(m.shape, recv, dtype=np.int64))
@@ -345,6 +347,61 @@ def test_versus_table_from_the_command_line(paired):
     assert "| codistill | local | 0.2 | 3 | +0.017 | [-0.270, +0.304] | ties |" in result.stdout
     missing = run_cli(*paired, "--versus", "fedprox")
     assert missing.returncode == 2 and "fedprox" in missing.stderr
+
+
+def test_versus_metric_compares_balanced_accuracy_and_versus_only_prints_just_the_comparison(tmp_path):
+    # minority accuracy says codistill wins (+0.1 on every seed); balanced accuracy says it loses:
+    # balanced diffs -0.02, -0.04, -0.06: mean -0.04, sd 0.02, half-width t(0.975, 2) * 0.02 / sqrt(3)
+    # = 4.302653 * 0.011547 = 0.049683 -> [-0.089683, +0.009683]: ties; and -0.01, -0.03, -0.05 on a
+    # second skew: mean -0.03, same half-width -> [-0.079683, +0.019683]: ties as well
+    runs = {  # (algorithm, skew, seed): (minority, balanced)
+        ("codistill", 0.6, 0): (0.8, 0.70),
+        ("codistill", 0.6, 1): (0.8, 0.70),
+        ("codistill", 0.6, 2): (0.8, 0.70),
+        ("local", 0.6, 0): (0.7, 0.72),
+        ("local", 0.6, 1): (0.7, 0.74),
+        ("local", 0.6, 2): (0.7, 0.76),
+        ("codistill", 0.8, 0): (0.8, 0.50),
+        ("codistill", 0.8, 1): (0.8, 0.50),
+        ("codistill", 0.8, 2): (0.8, 0.50),
+        ("local", 0.8, 0): (0.7, 0.51),
+        ("local", 0.8, 1): (0.7, 0.53),
+        ("local", 0.8, 2): (0.7, 0.55),
+    }
+    algo = {"codistill": BASE["algorithm"], "local": {"name": "local"}}
+    files = [
+        write(
+            tmp_path / f"{a}-{s}-{seed}.h5",
+            config(seed=seed, algorithm=algo[a], **{"data.skew": s}),
+            final(m),
+            balanced=[0.0, 0.0, b],
+        )
+        for (a, s, seed), (m, b) in runs.items()
+    ]
+    path = tmp_path / "balanced.csv"
+    result = run_cli(*files, "--versus", "local", "--versus-metric", "balanced_acc", "--versus-csv", path)
+    assert result.returncode == 0, result.stderr
+    assert "| codistill | local | 0.6 | 3 | -0.040 | [-0.090, +0.010] | ties |" in result.stdout
+    assert "| codistill | local | 0.8 | 3 | -0.030 | [-0.080, +0.020] | ties |" in result.stdout
+    with open(path, newline="") as f:
+        rows = {r["data.skew"]: r for r in csv.DictReader(f)}
+    assert rows["0.6"]["metric"] == "balanced_acc"
+    assert float(rows["0.6"]["mean_diff"]) == pytest.approx(-0.04, abs=1e-9)
+    assert float(rows["0.6"]["ci_low"]) == pytest.approx(-0.04 - 0.049683, abs=1e-5)
+    assert float(rows["0.8"]["ci_high"]) == pytest.approx(-0.03 + 0.049683, abs=1e-5)
+    minority = run_cli(*files, "--versus", "local")  # the default metric: the other answer
+    assert "| codistill | local | 0.6 | 3 | +0.100 |" in minority.stdout and "| wins |" in minority.stdout
+    assert "| method | data.skew | seeds |" in minority.stdout  # the cell table is there by default
+    only = run_cli(*files, "--versus", "local", "--versus-metric", "balanced_acc", "--versus-only")
+    assert only.returncode == 0, only.stderr
+    assert "| codistill | local | 0.8 | 3 | -0.030 |" in only.stdout
+    assert "| method | data.skew | seeds |" not in only.stdout and "sd across skews" not in only.stdout
+    assert "12 runs in 4 cells" in only.stdout  # what was read is still said
+    for alone in (("--versus-only",), ("--versus-metric", "balanced_acc")):
+        bad = run_cli(*files, *alone)
+        assert bad.returncode == 2 and "needs --versus" in bad.stderr, alone
+    wrong = run_cli(*files, "--versus", "local", "--versus-metric", "val_acc")
+    assert wrong.returncode == 2 and "--versus-metric" in wrong.stderr
 
 
 # ----------------------------------------------------------------------------- CSV and plots

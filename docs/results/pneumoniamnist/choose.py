@@ -30,7 +30,9 @@ REFERENCE = [{"name": "local"}, {"name": "fedavg"}, {"name": "centralized"}]
 def val_score(path: Path) -> float:
     res = Results(path)
     if res.completed_rounds != res.attrs["rounds"]:
-        raise SystemExit(f"{path}: only {res.completed_rounds}/{res.attrs['rounds']} rounds; finish the tuning sweep first")
+        raise SystemExit(
+            f"{path}: only {res.completed_rounds}/{res.attrs['rounds']} rounds; finish the tuning sweep first"
+        )
     return float(res.metrics["val_balanced_acc"][-LAST:].mean())
 
 
@@ -45,16 +47,20 @@ def main() -> None:
     import os
 
     os.chdir(HERE.parents[2])  # sweep output folders are relative to the project root
-    algo = scores("tune.yaml", lambda run: yaml.safe_dump(yaml.safe_load(run.overrides[0].split("=", 1)[1]),
-                                                          default_flow_style=True).strip())
+    algo = scores(
+        "tune.yaml",
+        lambda run: yaml.safe_dump(yaml.safe_load(run.overrides[0].split("=", 1)[1]), default_flow_style=True).strip(),
+    )
     best = {}
     for setting, (score, _n) in sorted(algo.items()):
         entry = yaml.safe_load(setting)
         name = entry["name"]
         if name not in best or score > best[name][1]:
             best[name] = (entry, score)
-    cnn = scores("tune-cnn.yaml", lambda run: yaml.safe_dump(yaml.safe_load(run.overrides[1].split("=", 1)[1]),
-                                                             default_flow_style=True).strip())
+    cnn = scores(
+        "tune-cnn.yaml",
+        lambda run: yaml.safe_dump(yaml.safe_load(run.overrides[1].split("=", 1)[1]), default_flow_style=True).strip(),
+    )
     train, _ = max(((yaml.safe_load(s), v[0]) for s, v in cnn.items()), key=lambda kv: kv[1])
     chosen = {
         "rule": f"highest mean over seeds of val_balanced_acc (mean over clients, last {LAST} rounds); test never read",
@@ -67,16 +73,32 @@ def main() -> None:
     methods = REFERENCE + [chosen["algorithm"][n] for n in ("codistill", "fedproto", "feddistill", "fedamp")]
     sweeps = {
         "main-low.yaml": ("skew 0, 0.2, 0.4 x 5 seeds", {"data.skew": [0.0, 0.2, 0.4], "seed": [0, 1, 2, 3, 4]}, {}),
-        "main-high.yaml": ("skew 0.6, 0.8, 0.9 x 10 seeds", {"data.skew": [0.6, 0.8, 0.9], "seed": list(range(10))}, {}),
-        "cnn.yaml": ("FedAvgCNN + SGD at skew 0.6 x 3 seeds", {"data.skew": [0.6], "seed": [0, 1, 2]},
-                     {"model.name": ["fedavgcnn"], "train": [train]}),
-        "six-clients.yaml": ("6 clients at skew 0.9 x 3 seeds", {"data.skew": [0.9], "seed": [0, 1, 2]},
-                             {"clients": [6]}),
+        "main-high.yaml": (
+            "skew 0.6, 0.8, 0.9 x 10 seeds",
+            {"data.skew": [0.6, 0.8, 0.9], "seed": list(range(10))},
+            {},
+        ),
+        "cnn.yaml": (
+            "FedAvgCNN + SGD at skew 0.6 x 3 seeds",
+            {"data.skew": [0.6], "seed": [0, 1, 2]},
+            {"model.name": ["fedavgcnn"], "train": [train]},
+        ),
+        "six-clients.yaml": (
+            "6 clients at skew 0.9 x 3 seeds",
+            {"data.skew": [0.9], "seed": [0, 1, 2]},
+            {"clients": [6]},
+        ),
     }
     for name, (what, grid, extra) in sweeps.items():
-        text = (f"# Written by choose.py from chosen.yaml (do not edit by hand): {what}, 7 methods.\n"
-                + yaml.safe_dump({"config": "base.yaml", "output_dir": f"results/pneumoniamnist-study/{name[:-5]}",
-                                  "grid": {**extra, "algorithm": methods, **grid}}, sort_keys=False, width=120))
+        text = f"# Written by choose.py from chosen.yaml (do not edit by hand): {what}, 7 methods.\n" + yaml.safe_dump(
+            {
+                "config": "base.yaml",
+                "output_dir": f"results/pneumoniamnist-study/{name[:-5]}",
+                "grid": {**extra, "algorithm": methods, **grid},
+            },
+            sort_keys=False,
+            width=120,
+        )
         (HERE / name).write_text(text)
     print(yaml.safe_dump(chosen, sort_keys=False, width=120))
 

@@ -5,7 +5,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
 here=docs/results/pneumoniamnist
 res=results/pneumoniamnist-study
 report() { .venv/bin/python -m mpicd report "$@"; }
+shopt -s nullglob # a stage not started yet has no files: report the others and say so
 main=("$res"/main-high/*.h5 "$res"/main-low/*.h5)
+if ((${#main[@]} == 0)); then
+  echo "report.sh: no results files under $res/main-high or $res/main-low; run run.sh first" >&2
+  exit 2
+fi
 {
   echo "# Main grid: 4 clients, authors' LeNet5 + Adam, 150 images/class, 100 rounds"
   echo; echo "## Score = mean of the last 10 rounds"; echo
@@ -14,19 +19,29 @@ main=("$res"/main-high/*.h5 "$res"/main-low/*.h5)
   echo; echo "## Score = test metrics at the round with the best validation minority accuracy"; echo
   report "${main[@]}" --select best-val --csv "$here/main-bestval.csv"
   for ref in local fedavg fedproto feddistill fedamp centralized; do
+    ran=("$res"/main-*/*_algorithm="${ref}"_*.h5)
+    if ((${#ran[@]} == 0)); then
+      echo "report.sh: no $ref runs yet: no paired differences against it" >&2
+      continue
+    fi
     echo; echo "## Paired differences against $ref (last 10 rounds)"; echo
-    report "${main[@]}" --last 10 --versus "$ref" --versus-csv "$here/main-versus-$ref.csv"
+    report "${main[@]}" --last 10 --versus "$ref" --versus-only --versus-csv "$here/main-versus-$ref.csv"
   done
 } > "$here/main.md"
 for stage in cnn six-clients; do
   files=("$res/$stage"/*.h5)
+  if ((${#files[@]} == 0)); then
+    echo "report.sh: $stage skipped: no results files under $res/$stage yet" >&2
+    continue
+  fi
   {
     echo "# $stage"; echo
     report "${files[@]}" --last 10 --csv "$here/$stage.csv"
     echo; echo "## Paired differences against local (last 10 rounds)"; echo
-    report "${files[@]}" --last 10 --versus local --versus-csv "$here/$stage-versus-local.csv"
+    report "${files[@]}" --last 10 --versus local --versus-only --versus-csv "$here/$stage-versus-local.csv"
     echo; echo "## Paired differences against codistill (last 10 rounds)"; echo
-    report "${files[@]}" --last 10 --versus codistill --versus-csv "$here/$stage-versus-codistill.csv"
+    report "${files[@]}" --last 10 --versus codistill --versus-only --versus-csv "$here/$stage-versus-codistill.csv"
   } > "$here/$stage.md"
 done
-echo "written: $here/{main,cnn,six-clients}.md, *.csv (cells, *-versus-*: paired comparisons), *.png"
+.venv/bin/python "$here/verdict.py" # codistill minus each method: verdict.md, verdict.csv
+echo "written: $here/{main,cnn,six-clients,verdict}.md, *.csv (cells, *-versus-*: paired comparisons), *.png"
