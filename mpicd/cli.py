@@ -295,13 +295,15 @@ def report(args: argparse.Namespace) -> int:
     if args.last is not None and (args.last < 1 or args.select != "last"):
         print("mpicd: --last must be >= 1 and goes with --select last only", file=sys.stderr)
         return EXIT_BAD_INPUT
-    for flag, given in (("--versus-csv", args.versus_csv), ("--versus-metric", args.versus_metric)):
+    needs_versus = (
+        ("--versus-csv", args.versus_csv),
+        ("--versus-metric", args.versus_metric),
+        ("--versus-only", args.versus_only),
+    )
+    for flag, given in needs_versus:
         if given and not args.versus:
             print(f"mpicd: {flag} needs --versus METHOD (the method to compare against)", file=sys.stderr)
             return EXIT_BAD_INPUT
-    if args.versus_only and not args.versus:
-        print("mpicd: --versus-only needs --versus METHOD (the method to compare against)", file=sys.stderr)
-        return EXIT_BAD_INPUT
     metric = args.versus_metric or "minority_acc"
     if metric not in rep.SCORES:
         print(f"mpicd: --versus-metric {metric}: not one of {', '.join(rep.SCORES)}", file=sys.stderr)
