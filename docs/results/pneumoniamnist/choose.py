@@ -5,7 +5,7 @@
 Score of a setting = mean over its seeds of the validation balanced accuracy (mean over clients,
 averaged over the last 10 rounds). Balanced accuracy, not minority accuracy: minority accuracy
 alone rewards a model that calls every image the minority class. The test split is never read.
-Writes chosen.yaml (every setting's score, the choice) and the sweep files of stages 2-4.
+Writes chosen.yaml (every setting's score, the choice) and the sweep files of stages 2-6.
 """
 
 from __future__ import annotations
@@ -87,6 +87,11 @@ def main() -> None:
             "6 clients at skew 0.9 x 3 seeds",
             {"data.skew": [0.9], "seed": [0, 1, 2]},
             {"clients": [6]},
+        ),
+        "authors-skew.yaml": (
+            "the authors' skew (only expertise-0 clients lose minority images) at skew 0.9 x 5 seeds",
+            {"data.skew": [0.9], "seed": [0, 1, 2, 3, 4]},
+            {"data.skew_mode": ["authors"]},
         ),
     }
     for name, (what, grid, extra) in sweeps.items():

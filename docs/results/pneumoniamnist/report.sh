@@ -28,7 +28,7 @@ fi
     report "${main[@]}" --last 10 --versus "$ref" --versus-only --versus-csv "$here/main-versus-$ref.csv"
   done
 } > "$here/main.md"
-for stage in cnn six-clients; do
+for stage in cnn six-clients authors-skew; do
   files=("$res/$stage"/*.h5)
   if ((${#files[@]} == 0)); then
     echo "report.sh: $stage skipped: no results files under $res/$stage yet" >&2
@@ -44,4 +44,4 @@ for stage in cnn six-clients; do
   } > "$here/$stage.md"
 done
 .venv/bin/python "$here/verdict.py" # codistill minus each method: verdict.md, verdict.csv
-echo "written: $here/{main,cnn,six-clients,verdict}.md, *.csv (cells, *-versus-*: paired comparisons), *.png"
+echo "written: $here/{main,cnn,six-clients,authors-skew,verdict}.md, *.csv (cells, *-versus-*: paired comparisons), *.png"

@@ -2,7 +2,7 @@
 # The whole PneumoniaMNIST study, from the project root's point of view; resumable: every stage is
 # a sweep run by `mpicd pack` (one MPI job per stage, runs one after another, finished runs
 # skipped, an interrupted run resumes from its checkpoint). Stop it any time and start it again.
-#   bash docs/results/pneumoniamnist/run.sh            # about 5-6 hours on a 2-core CPU box
+#   bash docs/results/pneumoniamnist/run.sh            # about 6-7 hours on a 2-core CPU box
 #   nice -n 19 bash docs/results/pneumoniamnist/run.sh # in the background while you work
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
@@ -15,4 +15,5 @@ pack 4 main-high.yaml                 # stage 2: skew 0.6, 0.8, 0.9 x 10 seeds, 
 pack 4 main-low.yaml                  # stage 3: skew 0, 0.2, 0.4 x 5 seeds
 pack 4 cnn.yaml                       # stage 4: FedAvgCNN + SGD, skew 0.6 x 3 seeds
 pack 6 six-clients.yaml               # stage 5: 6 clients, skew 0.9 x 3 seeds
+pack 4 authors-skew.yaml              # stage 6: the authors' skew variant, skew 0.9 x 5 seeds
 bash "$here/report.sh"

@@ -2,7 +2,7 @@
 
     python docs/results/pneumoniamnist/verdict.py       # report.sh runs it
 
-For every stage (main = main-high + main-low, cnn, six-clients), both scoring rules (mean of the
+For every stage (main = main-high + main-low, cnn, six-clients, authors-skew), both scoring rules (mean of the
 last 10 rounds; the round of best validation minority accuracy) and two scores (minority accuracy,
 balanced accuracy), the paired difference codistill - reference per cell with its 95% t-interval,
 computed by mpicd.report.versus (the same code as `mpicd report --versus`). Writes verdict.csv
@@ -27,11 +27,13 @@ STAGES = {
     "main": ("main-high", "main-low"),
     "cnn": ("cnn",),
     "six-clients": ("six-clients",),
+    "authors-skew": ("authors-skew",),
 }
 TITLES = {
     "main": "4 clients, authors' LeNet5 + Adam (skew 0-0.4: 5 seeds; 0.6-0.9: 10 seeds)",
     "cnn": "4 clients, FedAvgCNN + SGD lr 0.1, 3 seeds",
     "six-clients": "6 clients, authors' LeNet5 + Adam, 3 seeds",
+    "authors-skew": "4 clients, authors' LeNet5 + Adam, the authors' skew (only expertise-0 clients skewed), 5 seeds",
 }
 RULES = {"last10": {"last": 10, "select": "last"}, "best-val": {"last": 1, "select": "best-val"}}
 METRICS = ("minority_acc", "balanced_acc")
