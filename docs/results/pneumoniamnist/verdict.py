@@ -2,9 +2,9 @@
 
     python docs/results/pneumoniamnist/verdict.py       # report.sh runs it
 
-For every stage (main = main-high + main-low, cnn, six-clients, authors-skew), both scoring rules (mean of the
-last 10 rounds; the round of best validation minority accuracy) and two scores (minority accuracy,
-balanced accuracy), the paired difference codistill - reference per cell with its 95% t-interval,
+For every stage (main = main-high + main-low, cnn, six-clients, authors-skew), both scoring rules
+(mean of the last 10 rounds; the round of best validation minority accuracy) and two scores
+(minority accuracy, balanced accuracy), the paired difference codistill - reference per cell with its 95% t-interval,
 computed by mpicd.report.versus (the same code as `mpicd report --versus`). Writes verdict.csv
 (every comparison) and verdict.md (tables: a row per reference, a column per skew). A stage with no
 results files yet is left out and said so.
