@@ -164,9 +164,9 @@ def real():
 
 
 def test_real_pneumoniamnist_matches_its_readme(real):
-    assert real.train.x.shape == (4707, 1, 28, 28)
+    assert real.train.x.shape == (4708, 1, 28, 28)
     assert real.val.x.shape == (524, 1, 28, 28) and real.test.x.shape == (624, 1, 28, 28)
-    assert np.bincount(real.train.y).tolist() == [1213, 3494]
+    assert np.bincount(real.train.y).tolist() == [1214, 3494]
     assert np.bincount(real.val.y).tolist() == [135, 389]
     assert np.bincount(real.test.y).tolist() == [234, 390]
     assert real.class_names == ("normal", "pneumonia") and real.eval_split.endswith("(624 images)")
@@ -175,14 +175,14 @@ def test_real_pneumoniamnist_matches_its_readme(real):
         arrays = {k: npz[k] for k in ("train_images", "val_images", "test_images")}
     for split in ("train", "val", "test"):
         assert_standardised(getattr(real, split).x, arrays, split)
-    assert real.normalization["computed_on"] == "train split (4707 images)"
+    assert real.normalization["computed_on"] == "train split (4708 images)"
     np.testing.assert_allclose(real.train.x.mean(), 0.0, atol=1e-4)
     np.testing.assert_allclose(real.train.x.std(), 1.0, atol=1e-4)
 
 
 def test_real_partition_only_uses_training_images(real):
     part = make_partition(real.train.y, 2, 4, 0.6, None, seed=0)
-    assert part.base_per_class == 1213 // 4
+    assert part.base_per_class == 1214 // 4
     for idx in part.train_indices:
         assert idx.max() < len(real.train.y)
     # the held-out set is a separate array that no partition index can reach
