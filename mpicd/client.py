@@ -74,6 +74,9 @@ class Client:
             cfg.model.name, plan.dataset.input_shape, plan.dataset.num_classes, cfg.model.feature_dim, cfg.model.hidden
         ).to(self.device)
         self.optimizer = make_optimizer(self.model, cfg.train)
+        self.class_weights = (  # train.loss: balanced, from the split this rank trains on
+            balanced_weights(self.train_y, plan.dataset.num_classes) if cfg.train.loss == "balanced" else None
+        )
         self.expertise_class = int(plan.partition.expertise[rank])
         self.algorithm = plan.algorithm_cls(
             plan.algorithm_params,
@@ -118,6 +121,8 @@ class Client:
         """Train ``train.local_epochs`` epochs; returns the sample-weighted mean loss and its parts."""
         cfg, model, algorithm = self.plan.config, self.model, self.algorithm
         model.train()
+        if cfg.train.optimizer_state == "reset":
+            self.optimizer.reset()  # a fresh optimizer for this round's local training
         total_ce, total_extra, seen = 0.0, 0.0, 0
         for epoch in range(cfg.train.local_epochs):
             order = torch.from_numpy(  # on the data's device once per epoch: no host copy per batch
@@ -128,7 +133,7 @@ class Client:
                 x, y = self.train_x[index], self.train_y[index]
                 features = model.features(x)
                 logits = model.head(features)
-                ce = F.cross_entropy(logits, y)
+                ce = F.cross_entropy(logits, y, weight=self.class_weights)
                 extra = algorithm.extra_loss(Batch(x, y, features, logits))
                 loss = ce if extra is None else ce + extra
                 value = float(loss.detach())
@@ -168,9 +173,24 @@ class Client:
         )
 
 
+def balanced_weights(y: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """``train.loss: balanced``: class c's cross-entropy weight w_c = n / (C n_c), the inverse of its
+    frequency n_c / n in ``y`` (the client's own training split), 0 for a class it lacks.
+
+    ``F.cross_entropy(..., weight=w)`` then gives a batch sum_i w_{y_i} CE_i / sum_i w_{y_i}: the
+    weights are normalised by their sum over the batch (torch's mean reduction), so only their
+    ratios matter (a batch of one class is plain CE) and the loss stays on the scale of plain CE.
+    """
+    counts = torch.bincount(y, minlength=num_classes).to(torch.float64)
+    weights = torch.where(counts > 0, len(y) / (num_classes * counts.clamp(min=1)), torch.zeros_like(counts))
+    return weights.to(torch.get_default_dtype())
+
+
 def make_optimizer(model: torch.nn.Module, train) -> optim.Optimizer:
-    """Created once per client; its state (Adam's moments) persists across rounds. mpicd's own
-    Adam/SGD (``mpicd.optim``: torch.optim's arithmetic without importing torch._dynamo)."""
+    """Created once per client; its state (Adam's moments) persists across rounds unless
+    ``train.optimizer_state: reset`` (then :meth:`~mpicd.optim.Optimizer.reset` before every
+    round's local training). mpicd's own Adam/SGD (``mpicd.optim``: torch.optim's arithmetic
+    without importing torch._dynamo)."""
     if train.optimizer == "adam":
         return optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
     return optim.SGD(model.parameters(), lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)

@@ -49,7 +49,17 @@ class DataConfig:
     )
     path: Optional[str] = spec(None, doc="medmnist: the .npz file; aptos/covid: the dataset folder")
     image_size: Optional[int] = spec(None, ge=8, doc="resize images to this square size (aptos/covid default 64)")
-    classes: Optional[list[str]] = spec(None, doc="covid: class folders in label order (default Normal, COVID)")
+    classes: Optional[list[str]] = spec(
+        None,
+        doc="covid: class folders in label order (default Normal, COVID); medmnist: class names in label "
+        "order, after label_map (default: the file's known names, else class0, class1, ...)",
+    )
+    label_map: Optional[list[int]] = spec(
+        None,
+        doc="medmnist: the new class of each label of the file, by position (e.g. [0, 1, 1, 1, 1]: "
+        "RetinaMNIST grade 0 vs 1-4); one entry per label, values 0..C-1 with each class used, C >= 2; "
+        "null: the file's labels",
+    )
     test_fraction: float = spec(0.2, gt=0.0, lt=1.0, doc="held-out fraction where no official test split exists")
     val_fraction: float = spec(
         0.1,
@@ -76,6 +86,31 @@ class DataConfig:
                 f"test_fraction + val_fraction must be < 1 (nothing left to "
                 f"train on), got {self.test_fraction} + {self.val_fraction}",
             )
+        if self.label_map is not None:
+            check_label_map(self.label_map)
+
+
+def check_label_map(label_map: list[int]) -> None:
+    """What ``data.label_map`` must be whatever the file: a new class (>= 0) for each of at least two
+    labels, the classes 0..C-1 each reached by some label, C >= 2 (the file's label count is checked
+    by the loader)."""
+    shown = _show(label_map)
+    if len(label_map) < 2:
+        raise ConfigError("data.label_map", f"needs one entry per label of the file (at least 2), got {shown}")
+    if min(label_map) < 0:
+        raise ConfigError("data.label_map", f"new classes must be >= 0, got {shown}")
+    classes = max(label_map) + 1
+    if classes < 2:
+        raise ConfigError(
+            "data.label_map", f"maps every label to class 0; at least two classes are needed, got {shown}"
+        )
+    unused = sorted(set(range(classes)) - set(label_map))
+    if unused:
+        raise ConfigError(
+            "data.label_map",
+            f"new classes must be 0..C-1, each the class of some label; {shown} maps no label to class "
+            f"{unused[0]} (classes 0..{classes - 1})",
+        )
 
 
 @dataclass
@@ -101,6 +136,16 @@ class TrainConfig:
     weight_decay: float = spec(0.0, ge=0.0, doc="L2 penalty of the optimizer")
     batch_size: int = spec(32, ge=1, doc="training minibatch size (a trailing batch of one is merged)")
     local_epochs: int = spec(1, ge=1, doc="local epochs per round")
+    optimizer_state: Literal["keep", "reset"] = spec(
+        "keep",
+        doc="keep: the optimizer's state (Adam's moments, SGD's momentum) carries over from round to round; "
+        "reset: a fresh optimizer at the start of every round's local training (McMahan's FedAvg, Flower's clients)",
+    )
+    loss: Literal["ce", "balanced"] = spec(
+        "ce",
+        doc="the cross-entropy term of every method; balanced: weighted by the inverse class frequency of "
+        "the client's own training split, w_c = n / (C n_c), normalised by the batch's weight sum as torch does",
+    )
     eval_batch_size: int = spec(512, ge=1, doc="evaluation batch size (operational: memory and speed)")
 
 
@@ -130,10 +175,10 @@ class DebugConfig:
     fail_kind: Literal["exception", "exit", "kill", "hang", "nan"] = spec(
         "exception", doc="raise | os._exit(1) | SIGKILL itself | sleep instead of the next exchange | NaN in the model"
     )
-    fail_at: Literal["before_exchange", "in_exchange", "after_epoch", "in_write"] = spec(
+    fail_at: Literal["before_exchange", "in_exchange", "after_epoch", "in_write", "in_checkpoint"] = spec(
         "after_epoch",
         doc="where in the round: before the algorithm's exchange, inside it (after posting), "
-        "after the local epoch, inside the collective results write",
+        "after the local epoch, inside the collective results write, inside the checkpoint write",
     )
 
 
@@ -173,6 +218,11 @@ def computed_config(tree: dict, prefix: str = "") -> dict:
 ADDED_LATER: dict[str, tuple[str | None, Any]] = {
     "on_nonfinite": (None, "abort"),  # before: no check; a finished run never met a NaN either way
     "algorithm.exchange": ("fedamp", "allgather"),  # before: always the Allgather
+    "algorithm.share": ("codistill", "features"),  # before: always the mean feature vector
+    "algorithm.term_mean": ("codistill", "matching"),  # before: the mean over the matching samples
+    "train.optimizer_state": (None, "keep"),  # before: one optimizer for the whole run
+    "train.loss": (None, "ce"),  # before: plain cross-entropy
+    "data.label_map": (None, None),  # before: always the file's own labels (null: no mapping)
 }
 
 

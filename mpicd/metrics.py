@@ -19,7 +19,13 @@ def per_class_recall(labels: np.ndarray, predictions: np.ndarray, num_classes: i
 
 
 def minority_accuracy(recall: np.ndarray, expertise_class: int) -> float:
-    """The paper's metric for one client: mean recall of its non-expertise class(es)."""
+    """The paper's metric for one client: mean recall of its non-expertise class(es).
+
+    With two classes that is the recall of the one other class. With C > 2 classes every class but
+    the client's expertise class is a minority class on it (each keeps 1 - skew of its images), so
+    the metric is their unweighted (macro) mean recall over the C - 1 classes, whatever their
+    sizes in the held-out set; a class absent from it (never on the official splits) is left out.
+    """
     others = np.delete(recall, expertise_class)
     return float(np.nanmean(others)) if others.size else float("nan")
 

@@ -45,6 +45,11 @@ class Optimizer:
             else:
                 p.grad.detach_().zero_()
 
+    def reset(self) -> None:
+        """Forget every parameter's state (Adam's moments and step count, SGD's momentum): the next
+        step is a fresh optimizer's first (``train.optimizer_state: reset``, once per round)."""
+        self.state = {}
+
     @torch.no_grad()
     def step(self) -> None:
         for i, p in enumerate(self.params):

@@ -54,7 +54,15 @@ def test_config_prints_the_defaults_as_a_loadable_commented_yaml(tmp_path):
     path.write_text(result.stdout)
     cfg = load_config(path)
     assert cfg == Config(
-        algorithm={"name": "codistill", "lambda": 1.0, "k": "all", "teacher_per": "round", "classes": "expertise"}
+        algorithm={
+            "name": "codistill",
+            "lambda": 1.0,
+            "k": "all",
+            "teacher_per": "round",
+            "classes": "expertise",
+            "share": "features",
+            "term_mean": "matching",
+        }
     )
     assert resolve(cfg.algorithm)[1] == resolve({"name": "codistill"})[1]
     lines = {line.split(":")[0].strip(): line for line in result.stdout.splitlines() if not line.startswith("#")}

@@ -147,13 +147,16 @@ def test_malformed_arrays_are_errors(tmp_path, key, bad):
         load(path)
 
 
-def test_classes_key_and_unexpected_label_count_are_errors(tmp_path):
-    write_medmnist(tmp_path / "pneumoniamnist.npz", {"train": [0, 2], "val": [1], "test": [0]})
-    with pytest.raises(ConfigError) as err:
-        load(tmp_path / "pneumoniamnist.npz", classes=["a", "b"])
+def test_classes_key_names_the_classes_and_unexpected_label_count_is_an_error(tmp_path):
+    write_medmnist(tmp_path / "pneumoniamnist.npz", {"train": [0, 1], "val": [1, 0], "test": [0, 1]})
+    assert load(tmp_path / "pneumoniamnist.npz", classes=["a", "b"]).class_names == ("a", "b")
+    with pytest.raises(ConfigError, match="names 3 classes") as err:
+        load(tmp_path / "pneumoniamnist.npz", classes=["a", "b", "c"])
     assert err.value.key == "data.classes"
-    with pytest.raises(ConfigError, match="pneumoniamnist.npz.*labels 0..2"):
+    write_medmnist(tmp_path / "pneumoniamnist.npz", {"train": [0, 2], "val": [1], "test": [0]})
+    with pytest.raises(ConfigError, match="pneumoniamnist.npz.*labels 0..2") as err:
         load(tmp_path / "pneumoniamnist.npz")
+    assert err.value.key == "data.path"
 
 
 @pytest.fixture(scope="module")

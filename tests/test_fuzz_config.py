@@ -56,6 +56,7 @@ KEYS = {
     "data.path": Key("str", optional=True, always_bad=True),
     "data.image_size": Key("int", 8, optional=True, always_bad=True),
     "data.classes": Key("list", optional=True, always_bad=True),
+    "data.label_map": Key("list", optional=True, always_bad=True),
     "data.test_fraction": Key("float", 0, True, 1),
     "data.val_fraction": Key("float", 0, True, 1),
     "data.split_seed": Key("int", 0),
@@ -72,12 +73,16 @@ KEYS = {
     "train.batch_size": Key("int", 1),
     "train.local_epochs": Key("int", 1),
     "train.eval_batch_size": Key("int", 1),
+    "train.optimizer_state": Key("choice", choices=("keep", "reset")),
+    "train.loss": Key("choice", choices=("ce", "balanced")),
     "eval.every": Key("int", 1),
     "checkpoint.every": Key("int", 0),
     "debug.fail_rank": Key("int", 0, optional=True),
     "debug.fail_round": Key("int", 0),
     "debug.fail_kind": Key("choice", choices=("exception", "exit", "kill", "hang", "nan")),
-    "debug.fail_at": Key("choice", choices=("before_exchange", "in_exchange", "after_epoch", "in_write")),
+    "debug.fail_at": Key(
+        "choice", choices=("before_exchange", "in_exchange", "after_epoch", "in_write", "in_checkpoint")
+    ),
     "timeout.round_seconds": Key("float", 0, True, optional=True),
     "algorithm.name": Key(
         "choice", choices=("codistill", "local", "fedavg", "fedproto", "feddistill", "fedamp", "centralized")
@@ -86,6 +91,8 @@ KEYS = {
     "algorithm.k": Key("int", 1, choices=("all",)),
     "algorithm.teacher_per": Key("choice", choices=("round", "batch")),
     "algorithm.classes": Key("choice", choices=("expertise", "all")),
+    "algorithm.share": Key("choice", choices=("features", "logits")),
+    "algorithm.term_mean": Key("choice", choices=("matching", "batch")),
 }
 SECTIONS = ("data", "model", "train", "eval", "checkpoint", "debug", "timeout", "algorithm")
 KNOWN = {section: {k.split(".")[1] for k in KEYS if k.startswith(section + ".")} for section in SECTIONS}
@@ -111,7 +118,8 @@ TOO_MANY_CLIENTS = 213  # breast_cancer has 212 malignant cases in all, so fewer
 
 def test_the_hand_written_table_covers_every_declared_key():
     declared = {row.key for row in describe(Config)} | {"algorithm.name"}
-    assert declared | {"algorithm.lambda", "algorithm.k", "algorithm.teacher_per", "algorithm.classes"} == set(KEYS)
+    codistill = {"algorithm.lambda", "algorithm.k", "algorithm.teacher_per", "algorithm.classes"}
+    assert declared | codistill | {"algorithm.share", "algorithm.term_mean"} == set(KEYS)
 
 
 # --------------------------------------------------------------------------- values

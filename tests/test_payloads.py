@@ -68,6 +68,13 @@ def test_hand_derived_sizes_are_the_models():
         ("codistill", {"teacher_per": "batch"}, 2, only("allgather", 800, 3200)),  # D; N D
         ("codistill", {"classes": "all"}, 2, only("allgather", 1600, 6400)),  # C D; N C D
         ("codistill", {"classes": "all", "teacher_per": "batch"}, 0, only("allgather", 1600, 6400)),
+        # share: logits: C = 2 floats, 8 bytes, where D = 200 were
+        ("codistill", {"share": "logits"}, 0, only("p2p", 0, 8)),
+        ("codistill", {"share": "logits"}, 3, only("p2p", 24, 8)),
+        ("codistill", {"share": "logits", "term_mean": "batch"}, 1, only("p2p", 8, 8)),
+        ("codistill", {"share": "logits", "teacher_per": "batch"}, 2, only("allgather", 8, 32)),  # C; N C
+        ("codistill", {"share": "logits", "classes": "all"}, 2, only("allgather", 16, 64)),  # C C; N C C
+        ("codistill", {"term_mean": "batch"}, 1, only("p2p", 800, 800)),
         ("fedavg", {}, 0, only("allreduce", 178_300, 178_300)),  # 4 (44,574 + 1)
         ("fedproto", {}, 0, only("allreduce", 1608, 1608)),  # 4 * 2 * 201
         ("fedproto", {"weighting": "equal"}, 0, only("allreduce", 1608, 1608)),
@@ -103,6 +110,7 @@ def test_a_single_client_exchanges_what_its_code_does():
     one = Sizes(N=1, C=2, D=200, P=44_574)
     assert REGISTRY["codistill"].bytes_per_round(one, params("codistill")) == only(None)  # no peer, no message
     assert REGISTRY["codistill"].bytes_per_round(one, params("codistill", classes="all")) == only(None)
+    assert REGISTRY["codistill"].bytes_per_round(one, params("codistill", share="logits")) == only(None)
     assert REGISTRY["fedamp"].bytes_per_round(one, params("fedamp", exchange="ring")) == only(None)  # 0 steps
     assert REGISTRY["fedamp"].bytes_per_round(one, params("fedamp")) == only("allgather", 178_296, 178_296)
     assert REGISTRY["fedavg"].bytes_per_round(one, params("fedavg")) == only("allreduce", 178_300, 178_300)
@@ -123,7 +131,7 @@ def option_grid(cls) -> list:
 def test_every_option_combination_selects_exactly_one_declared_payload(name):
     cls = REGISTRY[name]
     grid = option_grid(cls)
-    assert len(grid) >= {"codistill": 4, "fedproto": 4, "fedamp": 4, "feddistill": 2}.get(name, 1)
+    assert len(grid) >= {"codistill": 16, "fedproto": 4, "fedamp": 4, "feddistill": 2}.get(name, 1)
     for p in grid:
         assert (cls.payload_for(p) is not None) == bool(cls.payloads), p  # payload_for raises on two
 
@@ -164,6 +172,7 @@ BYTE_VARIANTS = {  # tests/drivers/payloads.py VARIANTS
     "codistill": {"name": "codistill"},
     "codistill_batch": {"name": "codistill", "teacher_per": "batch"},
     "codistill_all": {"name": "codistill", "classes": "all"},
+    "codistill_logits": {"name": "codistill", "share": "logits"},
     "local": {"name": "local"},
     "centralized": {"name": "centralized"},
     "fedavg": {"name": "fedavg"},

@@ -20,6 +20,17 @@ Two options reproduce the authors' code (both off by default):
 
 With either option ``/comm/teacher`` holds the round's shared assignment only when teachers are
 drawn per round; per minibatch it is -1.
+
+Two more readings of the method (defaults: the published algorithm):
+
+* ``share: logits`` (the paper's text, and the authors' code's default ``kd_type: output``): the
+  teacher shares the mean logits head(f(x)) of the same images, C floats instead of D (``4 C S``
+  sent, ``4 C`` received; with the options above ``4 C`` / ``4 N C``, or ``4 C C`` / ``4 N C C``), and
+  the student's term is the same MSE on its own logits of the matching samples.
+* ``term_mean: batch`` (the authors' code): the term's sum over the m matching samples is divided
+  by the batch size B instead of m, lambda * sum_b ||f(x_b) - R||^2 / (B W) with W = D (or C for
+  logits), so one matching image in a batch of 32 carries lambda / 32 rather than the full lambda.
+  With ``classes: all`` every sample matches and both means are the same.
 """
 
 from __future__ import annotations
@@ -54,6 +65,16 @@ class CoDistillParams:
     classes: Literal["expertise", "all"] = spec(
         "expertise", doc="all: every class against the teacher's per-class means (authors' code)"
     )
+    share: Literal["features", "logits"] = spec(
+        "features",
+        doc="features: the mean feature vector (D floats); logits: the mean logits (C floats, the paper's "
+        "text), the term then on the student's logits",
+    )
+    term_mean: Literal["matching", "batch"] = spec(
+        "matching",
+        doc="the term's sum over the batch samples of the teacher's class divided by their number "
+        "(matching) or by the batch size (batch: authors' code)",
+    )
 
 
 class CoDistillation(Algorithm):
@@ -67,7 +88,7 @@ class CoDistillation(Algorithm):
             "(1, D) per message",
             sent="4*D*S",
             recv="4*D",
-            when=(("teacher_per", "round"), ("classes", "expertise")),
+            when=(("teacher_per", "round"), ("classes", "expertise"), ("share", "features")),
         ),
         Payload(
             "allgather",
@@ -75,7 +96,7 @@ class CoDistillation(Algorithm):
             "(1, D) block, (N, 1, D) gathered",
             sent="4*D",
             recv="4*N*D",
-            when=(("teacher_per", "batch"), ("classes", "expertise")),
+            when=(("teacher_per", "batch"), ("classes", "expertise"), ("share", "features")),
         ),
         Payload(
             "allgather",
@@ -83,7 +104,32 @@ class CoDistillation(Algorithm):
             "(C, D) block, (N, C, D) gathered",
             sent="4*C*D",
             recv="4*N*C*D",
-            when=(("classes", "all"),),
+            when=(("classes", "all"), ("share", "features")),
+        ),
+        Payload(
+            "p2p",
+            "the mean logits R (eval mode) of k images of its expertise class, to each of its S "
+            "students this round; R from its own teacher",
+            "(1, C) per message",
+            sent="4*C*S",
+            recv="4*C",
+            when=(("teacher_per", "round"), ("classes", "expertise"), ("share", "logits")),
+        ),
+        Payload(
+            "allgather",
+            "the mean logits R as above, to every rank (any rank may teach a minibatch)",
+            "(1, C) block, (N, 1, C) gathered",
+            sent="4*C",
+            recv="4*N*C",
+            when=(("teacher_per", "batch"), ("classes", "expertise"), ("share", "logits")),
+        ),
+        Payload(
+            "allgather",
+            "its mean logits of each class (eval mode, k images each), to every rank",
+            "(C, C) block, (N, C, C) gathered",
+            sent="4*C*C",
+            recv="4*N*C*C",
+            when=(("classes", "all"), ("share", "logits")),
         ),
     )
 
@@ -127,11 +173,19 @@ class CoDistillation(Algorithm):
         )
         return index[torch.as_tensor(np.sort(pick), device=index.device)]
 
+    @property
+    def width(self) -> int:
+        """The length of one shared mean: D features, or C logits with ``share: logits``."""
+        model = self.ctx.model
+        return model.num_classes if self.params.share == "logits" else model.feature_dim
+
     def class_means(self, round_index: int) -> np.ndarray:
-        """(classes shared, D): eval-mode mean feature of each shared class's :meth:`subset`
-        (in chunks of MEAN_CHUNK images, so k = all fits in memory for any class size)."""
+        """(classes shared, width): eval-mode mean feature (or, ``share: logits``, mean logits) of
+        each shared class's :meth:`subset` (in chunks of MEAN_CHUNK images, so k = all fits in
+        memory for any class size)."""
         ctx = self.ctx
         model = ctx.model
+        outputs = model if self.params.share == "logits" else model.features
         was_training = model.training
         model.eval()
         rows = []
@@ -139,8 +193,7 @@ class CoDistillation(Algorithm):
             for c in self.shared_classes:
                 index = self.subset(round_index, c)
                 total = sum(
-                    model.features(ctx.train_x[index[i : i + MEAN_CHUNK]]).sum(dim=0)
-                    for i in range(0, len(index), MEAN_CHUNK)
+                    outputs(ctx.train_x[index[i : i + MEAN_CHUNK]]).sum(dim=0) for i in range(0, len(index), MEAN_CHUNK)
                 )
                 rows.append(total / len(index))
         model.train(was_training)
@@ -173,7 +226,7 @@ class CoDistillation(Algorithm):
         nothing = self.dropping == round_index
         mine = (np.zeros(0, dtype=np.float32) if nothing else self.class_means(round_index)) if len(students) else None
         teacher = int(self.teachers[ctx.rank])
-        received = np.empty((1, ctx.model.feature_dim), dtype=np.float32)
+        received = np.empty((1, self.width), dtype=np.float32)
         (got,) = ctx.comm.exchange(
             [(int(s), mine) for s in students], [(teacher, received)], tag=round_index % 32768, allow_empty=True
         )
@@ -193,12 +246,16 @@ class CoDistillation(Algorithm):
             return None
         teacher = self.batch_teacher()
         means = self.received[teacher]
-        if self.params.classes == "all":
-            return self.params.lambda_ * F.mse_loss(batch.features, means[batch.y])
+        outputs = batch.logits if self.params.share == "logits" else batch.features
+        if self.params.classes == "all":  # every sample matches: term_mean makes no difference
+            return self.params.lambda_ * F.mse_loss(outputs, means[batch.y])
         mask = batch.y == int(self.ctx.expertise[teacher])
         if not bool(mask.any()):
             return None
-        selected = batch.features[mask]
+        selected = outputs[mask]
+        if self.params.term_mean == "batch":  # the sum over the matching samples / (B * width)
+            squares = F.mse_loss(selected, means[0].expand_as(selected), reduction="sum")
+            return self.params.lambda_ * squares / (len(batch.y) * selected.shape[1])
         return self.params.lambda_ * F.mse_loss(selected, means[0].expand_as(selected))
 
     def teacher(self) -> int:

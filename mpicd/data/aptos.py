@@ -19,7 +19,7 @@ GRADES = ("0", "1", "2", "3", "4")
 
 
 def load(cfg: DataConfig) -> Dataset:
-    reject_unused(cfg, "classes")
+    reject_unused(cfg, "classes", "label_map")
     root = existing_path(cfg, want_dir=True, what="the APTOS 2019 folder holding train.csv and train_images/")
     table = root / "train.csv"
     if not table.is_file():

@@ -40,6 +40,9 @@ class Dataset:
 
     ``test`` is the held-out evaluation set, ``val`` the tuning set; ``eval_split``, ``val_split``
     and ``normalization`` (plain Python values) say how each was made, for the results file.
+    ``label_map``: the class each label of the file became (position = the file's label), None when
+    the labels are the file's own; ``md5``: the hex md5 of the data file the arrays were read from
+    (MedMNIST), None for other formats.
     """
 
     name: str
@@ -52,10 +55,24 @@ class Dataset:
     eval_split: str
     val_split: str
     normalization: dict
+    label_map: tuple[int, ...] | None = None
+    md5: str | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.train.x.shape[1:])
+
+    @property
+    def label_map_text(self) -> str:
+        """The label mapping in one line, for the results file and ``mpicd check``, e.g.
+        ``[0, 1, 1, 1, 1]: label 0 -> 'no DR'; labels 1, 2, 3, 4 -> 'DR'``; ``none`` without one."""
+        if self.label_map is None:
+            return "none (the file's own labels)"
+        parts = []
+        for c, name in enumerate(self.class_names):
+            labels = [str(label) for label, new in enumerate(self.label_map) if new == c]
+            parts.append(f"label{'s' if len(labels) > 1 else ''} {', '.join(labels)} -> {name!r}")
+        return f"{list(self.label_map)}: {'; '.join(parts)}"
 
 
 def reject_unused(cfg: DataConfig, *keys: str) -> None:
@@ -193,6 +210,8 @@ def make_dataset(
     class_names: tuple[str, ...],
     eval_split: str,
     val_split: str,
+    label_map: tuple[int, ...] | None = None,
+    md5: str | None = None,
 ) -> Dataset:
     """Standardise the splits (:func:`standardise`) and wrap them in a Dataset."""
     train, val, test, stats = standardise(train, val, test, "images" if kind == "image" else "cases")
@@ -207,6 +226,8 @@ def make_dataset(
         eval_split=eval_split,
         val_split=val_split,
         normalization=stats,
+        label_map=label_map,
+        md5=md5,
     )
 
 

@@ -18,7 +18,7 @@ CLASS_NAMES = ("malignant", "benign")
 
 
 def load(cfg: DataConfig) -> Dataset:
-    reject_unused(cfg, "path", "image_size", "classes")
+    reject_unused(cfg, "path", "image_size", "classes", "label_map")
     data, target = bundled()
     return split_dataset(
         "breast_cancer",

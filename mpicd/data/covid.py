@@ -9,13 +9,14 @@ from __future__ import annotations
 import numpy as np
 
 from mpicd.config import ConfigError, DataConfig
-from mpicd.data.base import Dataset, check_fits_in_memory, existing_path, read_grey_png, split_dataset
+from mpicd.data.base import Dataset, check_fits_in_memory, existing_path, read_grey_png, reject_unused, split_dataset
 
 DEFAULT_CLASSES = ("Normal", "COVID")
 DEFAULT_SIZE = 64
 
 
 def load(cfg: DataConfig) -> Dataset:
+    reject_unused(cfg, "label_map")
     root = existing_path(cfg, want_dir=True, what="the COVID-19 Radiography Database folder")
     classes = tuple(cfg.classes) if cfg.classes is not None else DEFAULT_CLASSES
     if len(classes) < 2 or len(set(classes)) != len(classes):

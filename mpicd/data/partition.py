@@ -1,5 +1,9 @@
 """Split a training set among clients: expertise classes round-robin, skew, an images-per-class cap.
 
+Any number of classes C >= 2: client i is expert in class i mod C, every other class is one of its
+minority classes. With fewer clients than classes some classes are no client's expertise (a
+minority class everywhere); with more, several clients share an expertise class.
+
 Deterministic from the seed; clients' sets are disjoint and only ever index the training split.
 Nested: each class is permuted once from the seed and dealt to the clients like cards, client i
 taking positions i, i + N, i + 2N, ... of it, and a client keeps a prefix of its hand. The

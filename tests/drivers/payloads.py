@@ -42,6 +42,7 @@ VARIANTS = {
     "codistill": "{name: codistill}",
     "codistill_batch": "{name: codistill, teacher_per: batch}",
     "codistill_all": "{name: codistill, classes: all}",
+    "codistill_logits": "{name: codistill, share: logits}",
     "local": "{name: local}",
     "centralized": "{name: centralized}",
     "fedavg": "{name: fedavg}",
