@@ -3,10 +3,35 @@
 #   jobs/mpirun.sh 4 run configs/quickstart.yaml rounds=5
 # Oversubscribes (more ranks than cores is fine for small models) and, as root, adds the
 # confirmation Open MPI insists on.
+# Ctrl-C: Open MPI's mpirun answers SIGINT with SIGTERM to the ranks after odls_base_sigkill_timeout
+# (1 s) and SIGKILL after twice that, too soon for a round to finish. So mpirun runs in its own
+# session here, out of the terminal's reach, and a Ctrl-C becomes SIGUSR2, which mpirun passes on
+# at once: every rank finishes its round, checkpoints and exits 130 ("resume with --resume").
+# A second Ctrl-C sends mpirun the SIGINT itself: the job ends at once, the last checkpoint stays.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 n=${1:?usage: jobs/mpirun.sh NRANKS mpicd-arguments...}; shift
 if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
-exec mpirun -n "$n" --oversubscribe .venv/bin/python -m mpicd "$@"
+setsid mpirun -n "$n" --oversubscribe .venv/bin/python -m mpicd "$@" &
+pid=$! interrupts=0
+on_interrupt() {
+  interrupts=$((interrupts + 1))
+  if [ "$interrupts" = 1 ]; then
+    echo "mpicd: interrupt: the ranks stop after this round, checkpointed (Ctrl-C again: stop now)" >&2
+    kill -USR2 "$pid" 2>/dev/null || true
+  else
+    kill -INT "$pid" 2>/dev/null || true
+  fi
+}
+trap on_interrupt INT TERM
+trap 'kill -USR1 "$pid" 2>/dev/null || true' USR1
+while :; do
+  wait "$pid" && rc=0 || rc=$?
+  kill -0 "$pid" 2>/dev/null || break  # wait returned for the job's end, not for a trap
+done
+if [ "$interrupts" -gt 0 ] && [ "$rc" != 0 ]; then
+  rc=130  # mpirun itself reports 1 for ranks that exit 130
+fi
+exit "$rc"

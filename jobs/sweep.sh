@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Run every pending run of a sweep file, one after another, on this workstation.
 #   bash jobs/sweep.sh configs/sweep-pneumoniamnist.yaml
-# Finished runs (results file with all rounds) are skipped, so re-running resumes. A failed run
-# is reported and the sweep goes on; the exit status says whether any failed. Before and after
-# each run a line shows the progress: run i of N pending, finished/failed, elapsed, time left.
+# Finished runs (results file with all rounds) are skipped and every run starts with --resume, so
+# re-running continues an interrupted run from its checkpoint. A failed run is reported and the
+# sweep goes on; the exit status says whether any failed. Ctrl-C (or SIGTERM) stops the sweep: the
+# current run checkpoints after its round (exit 130) and no further run starts; a second Ctrl-C
+# ends the run at once, keeping its last checkpoint. Before and after each run a line shows the
+# progress: run i of N pending, finished/failed, elapsed, time left.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 sweep=${1:?usage: jobs/sweep.sh SWEEP.yaml}
@@ -20,17 +23,29 @@ progress() {  # as mpicd.sweep.progress: time left = mean seconds of the runs en
 }
 pending=$(mpicd sweep "$sweep" --pending) || exit 2
 total=$(echo "$pending" | wc -w)
-failed=() finished=0 run_seconds=0 started=$SECONDS i=0
+failed=() finished=0 run_seconds=0 started=$SECONDS i=0 interrupted=0
+# Ctrl-C reaches mpirun too (same terminal process group): bash runs this after the run returns.
+trap 'interrupted=1' INT TERM
+stop_here() {  # $1: the run that was interrupted
+  echo "=== sweep interrupted at run $1 ($(progress)); continue with: bash jobs/sweep.sh $sweep" \
+       "(finished runs are skipped, run $1 resumes from its checkpoint)" >&2
+  exit 130
+}
 for run in $pending; do
   i=$((i + 1))
   ranks=$(mpicd sweep "$sweep" --ranks "$run") || exit 2
   eval "args=($(mpicd sweep "$sweep" --args "$run"))"
   echo "=== run $run ($i of $total pending; $(progress)): ${args[*]}"
   began=$SECONDS
-  if bash jobs/mpirun.sh "$ranks" "${args[@]}"; then
+  bash jobs/mpirun.sh "$ranks" "${args[@]}" --resume
+  status=$?
+  if [ "$interrupted" = 1 ] || [ "$status" = 130 ] || [ "$status" = 75 ]; then
+    run_seconds=$((run_seconds + SECONDS - began))
+    stop_here "$run"
+  elif [ "$status" = 0 ]; then
     finished=$((finished + 1)) outcome="finished"
   else
-    status=$? failed+=("$run") outcome="failed (exit $status)"
+    failed+=("$run") outcome="failed (exit $status)"
   fi
   run_seconds=$((run_seconds + SECONDS - began))
   echo "--- run $run $outcome in $(duration $((SECONDS - began))) ($(progress))"

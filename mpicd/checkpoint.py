@@ -1,10 +1,12 @@
 """Per-rank checkpoints, so that a run survives a wall-clock limit, a requeue or a killed job.
 
-Each rank saves its whole state after a round into ``<results>.ckpt/rank<R>.round<N>.pt`` (N =
-rounds completed): written to a temporary file, fsynced, renamed, so a checkpoint is either
-complete or absent; a file that does not load is ignored. The last two per rank are kept:
-ranks synchronise every round (the progress Allreduce), so no rank can be more than one
-checkpoint ahead of another, and the newest round that every rank holds always survives.
+Each rank saves its whole state after a round into ``<results>.ckpt/rank<R>.round<N>.<RUN>.pt``
+(N = rounds completed, RUN = the run's id, :mod:`mpicd.identity`): written to a temporary file,
+fsynced, renamed, so a checkpoint is either complete or absent; a file that does not load is
+ignored. The last two per rank *of this run* are kept: ranks synchronise every round (the progress
+Allreduce), so no rank can be more than one checkpoint ahead of another, and the newest round that
+every rank holds always survives. Another run's checkpoints in the same folder (a results file
+deleted and made again, say) are never loaded and never count towards this run's two.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from pathlib import Path
 import torch
 
 KEEP = 2
-_NAME = re.compile(r"^rank(\d+)\.round(\d+)\.pt$")
+_NAME = re.compile(r"^rank(\d+)\.round(\d+)(?:\.([0-9a-f]{16}))?\.pt$")  # no id: made before run ids
+_TEMPORARY = re.compile(r"^\.rank\d+\.round\d+.*\.tmp$")
 
 
 def folder_for(results: str | Path) -> Path:
@@ -24,45 +27,93 @@ def folder_for(results: str | Path) -> Path:
     return Path(f"{results}.ckpt")
 
 
-def path_for(folder: Path, rank: int, completed: int) -> Path:
-    return folder / f"rank{rank}.round{completed}.pt"
+def path_for(folder: Path, rank: int, completed: int, run_id: str) -> Path:
+    return folder / f"rank{rank}.round{completed}.{run_id}.pt"
 
 
-def available(folder: Path, rank: int) -> list[int]:
-    """Rounds-completed counts this rank holds complete checkpoints for, newest first."""
+def inventory(folder: Path) -> dict[str | None, dict[int, list[int]]]:
+    """Every checkpoint in the folder: {run id (None: made before run ids): {rank: rounds, newest first}}."""
+    found: dict[str | None, dict[int, list[int]]] = {}
     if not folder.is_dir():
-        return []
-    found = []
+        return found
     for entry in folder.iterdir():
         match = _NAME.match(entry.name)
-        if match and int(match.group(1)) == rank:
-            found.append(int(match.group(2)))
-    return sorted(found, reverse=True)
+        if match:
+            rounds = found.setdefault(match.group(3), {}).setdefault(int(match.group(1)), [])
+            rounds.append(int(match.group(2)))
+    for ranks in found.values():
+        for rounds in ranks.values():
+            rounds.sort(reverse=True)
+    return found
 
 
-def save(folder: Path, rank: int, completed: int, state: dict) -> Path:
-    """Atomically write this rank's state after ``completed`` rounds; drop all but the newest KEEP."""
+def held(folder: Path, rank: int) -> list[int]:
+    """Rounds this rank holds checkpoints for, of any run, newest first (for tools that wait for one)."""
+    return sorted({n for ranks in inventory(folder).values() for n in ranks.get(rank, [])}, reverse=True)
+
+
+def available(folder: Path, rank: int, run_id: str) -> list[int]:
+    """Rounds-completed counts this rank holds checkpoints of run ``run_id`` for, newest first."""
+    return inventory(folder).get(run_id, {}).get(rank, [])
+
+
+def save(folder: Path, rank: int, completed: int, state: dict, run_id: str, during=lambda: None) -> Path:
+    """Atomically write this rank's state after ``completed`` rounds; drop all but this run's
+    newest KEEP. A failed write (a full disk) removes its temporary file and leaves the older
+    checkpoints as they were. ``during``: called with the temporary file written but not yet
+    renamed (fault injection: ``debug.fail_at: in_checkpoint``)."""
     folder.mkdir(parents=True, exist_ok=True)
-    final = path_for(folder, rank, completed)
+    final = path_for(folder, rank, completed, run_id)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
-        torch.save(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save({**state, "run_id": run_id}, fh)
+            fh.flush()
+            during()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     dir_fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # the rename itself survives a crash
     finally:
         os.close(dir_fd)
-    for old in available(folder, rank)[KEEP:]:
-        path_for(folder, rank, old).unlink(missing_ok=True)
+    for old in available(folder, rank, run_id)[KEEP:]:
+        path_for(folder, rank, old, run_id).unlink(missing_ok=True)
     return final
 
 
-def load(folder: Path, rank: int, completed: int, device: torch.device) -> dict | None:
-    """The state saved after ``completed`` rounds, or None if it is absent or does not load."""
+def load(folder: Path, rank: int, completed: int, run_id: str, device: torch.device) -> dict | None:
+    """The state of run ``run_id`` saved after ``completed`` rounds, or None if it is absent,
+    does not load, or names another run inside."""
     try:
-        return torch.load(path_for(folder, rank, completed), map_location=device, weights_only=False)
+        state = torch.load(path_for(folder, rank, completed, run_id), map_location=device, weights_only=False)
     except Exception:  # noqa: BLE001 - a torn or foreign file is ignored, never trusted
         return None
+    return state if isinstance(state, dict) and state.get("run_id") == run_id else None
+
+
+def discard(folder: Path, rank: int, run_id: str, newer_than: int = -1) -> None:
+    """Delete this rank's checkpoints of run ``run_id`` past round ``newer_than`` (-1: all of them)."""
+    for completed in available(folder, rank, run_id):
+        if completed > newer_than:
+            path_for(folder, rank, completed, run_id).unlink(missing_ok=True)
+
+
+def remove_all(folder: Path) -> int:
+    """Delete every checkpoint (and torn temporary file) in the folder, of any run; the folder
+    too if that leaves it empty. Returns the number of files deleted (``--overwrite``)."""
+    if not folder.is_dir():
+        return 0
+    removed = 0
+    for entry in folder.iterdir():
+        if _NAME.match(entry.name) or _TEMPORARY.match(entry.name):
+            entry.unlink(missing_ok=True)
+            removed += 1
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # something else lives there: leave it
+    return removed

@@ -1,4 +1,4 @@
-"""Command line: ``mpicd run | check | config | report | sweep | pack | bench``; parsing and exit codes only."""
+"""Command line: ``mpicd run | check | config | report | sweep | pack | verify | bench``; parsing and exit codes only."""
 
 from __future__ import annotations
 
@@ -24,11 +24,18 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     run.add_argument("config", help="YAML config file")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. rounds=3")
     run.add_argument("--out", help="results file (default: the config's output)")
-    run.add_argument(
+    existing = run.add_mutually_exclusive_group()
+    existing.add_argument(
         "--resume",
         action="store_true",
-        help="continue from the newest checkpoint every rank holds beside the results file "
-        "(<out>.ckpt/); without one, start at round 1; a complete file: exit 0 at once",
+        help="continue the run in the results file from its newest checkpoint (<out>.ckpt/); the "
+        "config must be the file's; no file yet: start at round 1; a complete file: exit 0 at once",
+    )
+    existing.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing results file and delete its checkpoints (without this or "
+        "--resume, a run whose --out exists is refused)",
     )
     check = argparse.ArgumentParser(
         prog="mpicd check",
@@ -96,6 +103,12 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
         help="print done or pending for run I; exit status "
         "0 if done, 1 if pending (what scripts should test: no pipe, no race)",
     )
+    verify = argparse.ArgumentParser(
+        prog="mpicd verify",
+        description="check results files' invariants (run identity, config hash, finite completed "
+        "rounds, nothing past them, bytes as declared); exit 1 naming what is wrong",
+    )
+    verify.add_argument("files", nargs="+", help="results files (.h5)")
     pack = argparse.ArgumentParser(
         prog="mpicd pack",
         description="run a sweep's pending runs in one MPI job: "
@@ -148,6 +161,7 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
         "report": report,
         "sweep": sweep,
         "pack": pack,
+        "verify": verify,
         "bench": bench,
     }
 
@@ -172,9 +186,21 @@ def main(argv: list[str] | None = None) -> int:
         "report": report,
         "sweep": sweep,
         "pack": pack,
+        "verify": verify,
         "bench": bench,
     }
-    return commands[argv[0]](args)
+    try:
+        return commands[argv[0]](args)
+    except BrokenPipeError:  # `mpicd sweep ... | head`: the reader has gone; nothing more to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second BrokenPipeError when Python flushes at exit
+        return 0
+
+
+def verify(args: argparse.Namespace) -> int:
+    from .verify import main
+
+    return main(args.files)
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -214,6 +240,11 @@ def check(args: argparse.Namespace) -> int:
         )
     )
     print(partition_table(plan))
+    if plan.dataset.md5 is not None:  # a MedMNIST file, hashed once by its loader
+        from .data.medmnist import md5_check
+
+        official, line = md5_check(plan.dataset.name, plan.dataset.md5)
+        print(f"data file: {line}" if official else f"warning: {line}")  # not an error: stdout, exit 0
     return 0
 
 
@@ -410,6 +441,8 @@ def partition_table(plan) -> str:
     ]
     widths = [max(len(r[j]) for r in [header, *rows]) for j in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in [header, *rows]]
+    if plan.dataset.label_map is not None:
+        lines.append(f"labels mapped (data.label_map): {plan.dataset.label_map_text}")
     lines.append(f"held-out set: {plan.dataset.eval_split}; no client trains on it")
     if getattr(plan.dataset, "val_split", None):
         lines.append(f"validation set: {plan.dataset.val_split}; no client trains on it")
@@ -446,39 +479,52 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError:
             return EXIT_BAD_INPUT
         startup = startup_seconds(comm, marks)
+        if comm.rank == 0 and getattr(plan.dataset, "md5", None) is not None:
+            from .data.medmnist import md5_check
+
+            official, line = md5_check(plan.dataset.name, plan.dataset.md5)
+            if not official:
+                say(f"mpicd: warning: {line}", sys.stderr)
         if comm.rank == 0:
-            print(
+            say(
                 f"mpicd: {plan.algorithm_cls.name} on {plan.dataset.name}, {comm.size} clients, "
                 f"{plan.config.rounds} rounds, {placement.device} ({placement.threads} threads/rank) "
-                f"-> {out}",
-                flush=True,
+                f"-> {out}"
             )
         row = placement_row(placement)
-        print(
+        say(
             f"mpicd: rank {comm.rank} on {row['host']}: local rank {row['local_rank']}, {row['device']}, "
-            f"{row['threads']} threads",
-            flush=True,
+            f"{row['threads']} threads"
         )
-        try:  # a refused resume raises on every rank at the same point (see loop.resume_point)
+        try:  # a refused start or resume raises on every rank at the same point (loop.agree_on_start)
             outcome = run_rounds(
                 plan,
                 comm,
                 placement,
                 out,
                 resume=args.resume,
-                log=lambda line: print(line, flush=True),
+                overwrite=args.overwrite,
+                log=say,
                 stop_requested=stop,
                 startup=startup,
             )
         except ConfigError as err:
             if comm.rank == 0:
-                print(f"mpicd: {err}", file=sys.stderr, flush=True)
+                say(f"mpicd: {err}", sys.stderr)
             return EXIT_BAD_INPUT
         if outcome.stopped:
-            return signals.EXIT_STOPPED
-        if comm.rank == 0:
-            print(f"mpicd: results written to {out}", flush=True)
+            return signals.EXIT_INTERRUPTED if outcome.interrupted else signals.EXIT_STOPPED
+        if comm.rank == 0 and not outcome.already_complete:
+            say(f"mpicd: results written to {out}")
     return 0
+
+
+def say(line: str, stream=None) -> None:
+    """One write per line (print writes the newline apart): under mpirun another rank's output
+    can never land inside it."""
+    stream = stream or sys.stdout
+    stream.write(line + "\n")
+    stream.flush()
 
 
 # Rank 0's start-up, split at the marks of ``run`` (wall seconds; a collective step includes waiting

@@ -9,7 +9,9 @@ round, so 2 rounds are complete in the file. Places, in the order a round reache
                        (the others are already waiting in it); an algorithm without an exchange
                        (local) reaches it in the round's closing progress Allreduce;
 * ``after_epoch``      after the local epoch, before the algorithm's closing exchange;
-* ``in_write``         inside the collective write of the round's results row.
+* ``in_write``         inside the collective write of the round's results row;
+* ``in_checkpoint``    inside the round's checkpoint write, the temporary file written but not
+                       yet renamed (reached only in rounds that save a checkpoint).
 
 Kinds: ``exception`` (raised: traceback and MPI_Abort), ``exit`` (``os._exit(1)``, no clean-up),
 ``kill`` (SIGKILL to itself), ``hang`` (sleeps instead of going on: only a watchdog,

@@ -10,8 +10,9 @@ progress Allreduce, so they stop after the same round, checkpointed.
 from __future__ import annotations
 
 import platform
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from collections.abc import Callable
 
@@ -19,13 +20,15 @@ import numpy as np
 import torch
 import yaml
 
-from . import __version__, checkpoint
+from . import __version__, checkpoint, signals, startpoint
+from .algorithms import Sizes
 from .client import Client
 from .faults import FaultInjector
 from .nonfinite import NonFiniteGuard
 from .watchdog import Watchdog
 from .comm import Traffic
 from .config import ConfigError, config_difference
+from .identity import RUN_ID_CHARS, config_hash
 from .models import num_parameters
 from .plan import Plan
 
@@ -64,10 +67,13 @@ def results_attrs(plan: Plan, client: Client) -> dict:
         "feature_dim": client.model.feature_dim,
         "num_classes": dataset.num_classes,
         "class_names": list(dataset.class_names),
+        "label_map": getattr(dataset, "label_map_text", "none (the file's own labels)"),
+        "data_md5": getattr(dataset, "md5", None) or "none",
         "eval_split": dataset.eval_split,
         "val_split": getattr(dataset, "val_split", "none"),
         "normalization": yaml.safe_dump(getattr(dataset, "normalization", None), sort_keys=False),
         "backends": yaml.safe_dump(backend_settings(), sort_keys=False),
+        "payload_sizes": yaml.safe_dump(asdict(Sizes.of(client.model, plan.config.clients)), sort_keys=False),
     }
 
 
@@ -91,6 +97,8 @@ def backend_settings() -> dict:
 class Outcome:
     completed_rounds: int
     stopped: bool  # True: stopped early on request, checkpointed, resumable
+    interrupted: bool = False  # stopped by SIGINT / SIGTERM (Ctrl-C, scancel) rather than SIGUSR1
+    already_complete: bool = False  # --resume found every round in the file: nothing was run
 
 
 def _state(plan: Plan, client: Client, ledger) -> dict:
@@ -120,14 +128,14 @@ def _restore(client: Client, ledger, state: dict) -> None:
     ledger.outside_rounds.seconds += previous.seconds
 
 
-def agree_on_checkpoint(comm, folder: Path) -> int:
-    """The newest rounds-completed count that every rank holds a checkpoint for (0: none).
+def agree_on_checkpoint(comm, folder: Path, run_id: str, bound: int) -> int:
+    """The newest rounds-completed count <= ``bound`` that every rank holds a checkpoint of run
+    ``run_id`` for (0: none). Another run's checkpoints in the folder are not looked at.
 
     Collective; terminates because the bound strictly decreases until every rank holds the
     candidate or it reaches 0.
     """
-    mine = checkpoint.available(folder, comm.rank)
-    bound = np.iinfo(np.int64).max
+    mine = checkpoint.available(folder, comm.rank, run_id)
     while True:
         best = max((n for n in mine if n <= bound), default=0)
         candidate = int(comm.allreduce_min(np.array([best], dtype=np.int64))[0])
@@ -139,33 +147,47 @@ def agree_on_checkpoint(comm, folder: Path) -> int:
         bound = candidate - 1
 
 
-def _results_rounds(out: Path) -> int | None:
-    """completed_rounds of an existing results file (any rank can read it), None if unreadable."""
-    import h5py
+def agree_on_start(comm, out: Path, resolved: dict, mode: str) -> startpoint.Start:
+    """Rank 0 applies :func:`mpicd.startpoint.decide` to what lies at ``out`` (and, for
+    ``--overwrite``, deletes it); every rank gets the same decision, or the same ConfigError."""
+    decision, error = None, None
+    if comm.rank == 0:
+        try:
+            decision = startpoint.decide(startpoint.inspect(out), resolved, mode)
+            if decision.clear:
+                out.unlink(missing_ok=True)
+                checkpoint.remove_all(checkpoint.folder_for(out))
+        except ConfigError as err:
+            error = err
+        except OSError as err:
+            error = ConfigError("--out", f"cannot replace {out}: {err.strerror or err}")
+    failing = comm.first_failing_rank(error is not None)
+    if failing is not None:  # rank 0 prints it (cli.run); the others raise quietly
+        raise error or ConfigError("--out", "rank 0 refused the output (see its message)")
+    flags = np.zeros(4 + RUN_ID_CHARS, dtype=np.int64)
+    if comm.rank == 0:
+        flags[:4] = [decision.fresh, decision.complete, decision.bound, decision.clear]
+        flags[4:] = np.frombuffer(decision.run_id.encode().ljust(RUN_ID_CHARS), dtype=np.uint8)
+    flags = comm.bcast(flags)
+    if comm.rank == 0:
+        return decision
+    run_id = bytes(flags[4:].astype(np.uint8)).decode().strip()
+    return startpoint.Start(bool(flags[0]), run_id, bool(flags[1]), int(flags[2]), bool(flags[3]))
 
-    try:
-        with h5py.File(out, "r") as f:
-            return int(f.attrs["completed_rounds"])
-    except (OSError, KeyError):
-        return None
 
-
-def resume_point(plan: Plan, client: Client, comm, out: Path) -> int:
-    """Load the newest checkpoint all ranks share (collective); returns the first round to run.
+def resume_point(plan: Plan, client: Client, comm, out: Path, decision: startpoint.Start) -> int:
+    """Load the newest checkpoint of this run that all ranks share, at or before the file's
+    completed rounds (collective); returns the first round to run. This run's checkpoints past
+    that point (a round the file does not hold) are deleted, so they never count among the newest two.
 
     A checkpoint whose config differs from this run's in anything but operational keys is
     refused with a ConfigError naming the key (raised on every rank).
     """
     folder = checkpoint.folder_for(out)
-    written = _results_rounds(out)
-    if written == plan.config.rounds:
-        return written
-    have_file = written is not None
-    agreed = agree_on_checkpoint(comm, folder) if have_file else 0
-    if agreed == 0:
-        return 0
-    state = checkpoint.load(folder, comm.rank, agreed, client.device)
+    agreed = agree_on_checkpoint(comm, folder, decision.run_id, decision.bound)
+    state = checkpoint.load(folder, comm.rank, agreed, decision.run_id, client.device) if agreed else None
     ok = int(comm.allreduce_min(np.array([int(state is not None)], dtype=np.int64))[0])
+    checkpoint.discard(folder, comm.rank, decision.run_id, newer_than=agreed if ok else -1)
     if not ok:
         return 0
     difference = config_difference(state["config"], plan.resolved_config, "the checkpoint", "this run")
@@ -189,27 +211,38 @@ def run(
     log: Callable[[str], None] = print,
     parallel_io: bool | None = None,
     resume: bool = False,
-    stop_requested: Callable[[], bool] = lambda: False,
+    stop_requested: Callable[[], int] = lambda: 0,
     startup: dict | None = None,
+    overwrite: bool = False,
 ) -> Outcome:
     """Train the config's rounds on this rank and write the results file collectively.
 
+    What lies at ``out`` already decides where the run starts (:mod:`mpicd.startpoint`): without
+    ``resume`` or ``overwrite`` an existing file or checkpoint is refused (ConfigError, every rank).
     ``startup``: rank 0's seconds per start-up phase (recorded as the attr ``startup_seconds``).
     """
     from .results import ResultsWriter
 
+    if resume and overwrite:
+        raise ValueError("resume and overwrite exclude each other")
     cfg, out = plan.config, Path(out)
-    client = Client(plan, comm, placement.device)
-    start = resume_point(plan, client, comm, out) if resume else 0
-    if start == cfg.rounds:
+    decision = agree_on_start(
+        comm, out, plan.resolved_config, "resume" if resume else "overwrite" if overwrite else "new"
+    )
+    if comm.rank == 0 and decision.note:
+        log(f"mpicd: {decision.note}")
+    if decision.complete:
         if comm.rank == 0:
-            log(f"mpicd: {out} already holds all {cfg.rounds} rounds; nothing to do")
-        return Outcome(start, False)
-    if resume and comm.rank == 0:
+            log(f"mpicd: {out} already holds all {cfg.rounds} rounds of this config; nothing to do")
+        return Outcome(cfg.rounds, False, already_complete=True)
+    client = Client(plan, comm, placement.device)
+    start = 0 if decision.fresh else resume_point(plan, client, comm, out, decision)
+    if resume and not decision.fresh and comm.rank == 0:
         log(
-            f"mpicd: resuming at round {start + 1} from {checkpoint.folder_for(out)}"
+            f"mpicd: resuming run {decision.run_id} at round {start + 1} from {checkpoint.folder_for(out)}"
             if start
-            else "mpicd: no checkpoint to resume from; starting at round 1"
+            else f"mpicd: no checkpoint of run {decision.run_id} at or before round {decision.bound}; "
+            "starting again at round 1"
         )
     test_counts = np.bincount(plan.dataset.test.y, minlength=plan.dataset.num_classes)
     writer = ResultsWriter(
@@ -217,7 +250,11 @@ def run(
         comm,
         rounds=cfg.rounds,
         num_classes=plan.dataset.num_classes,
-        attrs=results_attrs(plan, client),
+        attrs={
+            **results_attrs(plan, client),
+            "run_id": decision.run_id,
+            "config_hash": config_hash(plan.resolved_config),
+        },
         train_counts=plan.partition.train_counts,
         test_counts=np.tile(test_counts, (cfg.clients, 1)),
         expertise=plan.partition.expertise,
@@ -231,7 +268,9 @@ def run(
         )
     watchdog, fault, guard = _guards(plan, client, comm, writer)
     try:
-        return _rounds(plan, client, comm, writer, out, start, log, stop_requested, watchdog, fault, guard)
+        return _rounds(
+            plan, client, comm, writer, out, start, log, stop_requested, watchdog, fault, guard, decision.run_id
+        )
     finally:
         watchdog.stop()
         comm.on_transfer = comm.after_transfer = None
@@ -274,6 +313,7 @@ def _rounds(
     watchdog: Watchdog,
     fault: FaultInjector,
     guard: NonFiniteGuard,
+    run_id: str,
 ) -> Outcome:
     from .results import RoundRow
 
@@ -318,6 +358,8 @@ def _rounds(
             )
         )
         stop = summary[3] > 0 and r + 1 < cfg.rounds
+        interrupted = summary[3] >= signals.INTERRUPTED
+        getattr(stop_requested, "round_took", lambda seconds: None)(time.perf_counter() - started)
         if comm.rank == 0:
             minority = "     -" if test is None else f"{summary[0] / comm.size:.4f}"
             log(
@@ -326,26 +368,36 @@ def _rounds(
             )
         watchdog.phase = "checkpointing"
         if ((every and (r + 1) % every == 0) or stop) and r + 1 < cfg.rounds:
-            checkpoint.save(checkpoint.folder_for(out), comm.rank, r + 1, _state(plan, client, ledger))
+            checkpoint.save(
+                checkpoint.folder_for(out),
+                comm.rank,
+                r + 1,
+                _state(plan, client, ledger),
+                run_id,
+                during=lambda: fault.at("in_checkpoint"),
+            )
         if stop:
             writer.close()
             # srun --kill-on-bad-exit ends every rank once one exits with 75: nobody leaves before
             # all have checkpointed and closed the file (a barrier moves no payload bytes).
             comm.mpi.Barrier()
+            getattr(stop_requested, "done", threading.Event()).set()  # the interrupt watcher stands down
             if comm.rank == 0:
                 log(f"mpicd: stopped on request after round {r + 1}; resume with --resume")
-            return Outcome(r + 1, True)
+            return Outcome(r + 1, True, interrupted)
         watchdog.end_round()
         comm.round_index = None
-    _remove_checkpoints(comm, checkpoint.folder_for(out))
+    if stop_requested() >= signals.INTERRUPTED:  # interrupted in the last round: it ends normally
+        getattr(stop_requested, "done", threading.Event()).set()
+    _remove_checkpoints(comm, checkpoint.folder_for(out), run_id)
     writer.close()  # only on success: a failing rank aborts the job instead (see ResultsWriter.close)
     return Outcome(cfg.rounds, False)
 
 
-def _remove_checkpoints(comm, folder: Path) -> None:
-    """A complete run needs no checkpoint: each rank drops its own, then rank 0 the folder."""
-    for completed in checkpoint.available(folder, comm.rank):
-        checkpoint.path_for(folder, comm.rank, completed).unlink(missing_ok=True)
+def _remove_checkpoints(comm, folder: Path, run_id: str) -> None:
+    """A complete run needs no checkpoint: each rank drops its own, then rank 0 the folder
+    (left in place if another run's files are still in it)."""
+    checkpoint.discard(folder, comm.rank, run_id)
     comm.allreduce_min(np.zeros(1, dtype=np.int64))  # every rank has deleted its files
     if comm.rank == 0 and folder.is_dir():
         try:
@@ -362,4 +414,19 @@ def placement_row(placement) -> dict:
         "local_rank": placement.local_rank,
         "device": placement.device,
         "threads": placement.threads,
+        "cpu": cpu_model(),
     }
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo; else what platform knows): results are bit-identical
+    only between runs on the same CPU model with the same threads and library versions."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "cpu model"):
+                    return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"

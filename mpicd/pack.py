@@ -105,7 +105,7 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
     color = world.rank // size if world.rank < groups * size else MPI.UNDEFINED
     group_mpi = world.mpi.Split(color, key=world.rank)
     counter = Counter(world)
-    failed, stopped, started = [], False, time.perf_counter()
+    failed, stopped, interrupted, started = [], False, False, time.perf_counter()
 
     def tally(**ended: int) -> str:  # ended: finished=1 or failed=1 with the run's milliseconds, or nothing
         n = counter.add(**{"finished": 0, "failed": 0, "milliseconds": 0, **ended})
@@ -141,7 +141,7 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
                     took = time.perf_counter() - began
                     say(f"failed after {duration(took)}: {err} ({tally(failed=1, milliseconds=round(1000 * took))})")
                 continue
-            stopped = outcome.stopped
+            stopped, interrupted = outcome.stopped, outcome.interrupted
             if stopped:
                 say("stopped on request; resubmit to resume")
             elif leader:
@@ -150,14 +150,14 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
         group_mpi.Free()
     _wait(world.mpi.Ibarrier())  # finished groups and idle ranks sleep until the last run ends
     counter.free()
-    summary = world.allreduce_sum(np.array([len(failed), int(stopped)], dtype=np.int64))
+    summary = world.allreduce_sum(np.array([len(failed), int(stopped), int(interrupted)], dtype=np.int64))
     if world.rank == 0:
         log(
             f"mpicd pack: finished in {time.perf_counter() - started:.1f} s; "
             f"{int(summary[0])} failed, {'stopped early' if summary[1] else 'all pending runs done'}"
         )
     if summary[1]:
-        return signals.EXIT_STOPPED
+        return signals.EXIT_INTERRUPTED if summary[2] else signals.EXIT_STOPPED
     return 1 if summary[0] else 0
 
 
@@ -178,18 +178,13 @@ def _check_sweep(runs: list, world_size: int) -> list:
     return runs
 
 
-def _print_line(line: str) -> None:
-    """One write per line (print writes the newline apart): the groups' lines never merge in mpirun's output."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-
-
 def main(sweep_path: str) -> int:
     from . import signals
+    from .cli import say
     from .runtime import abort_on_exception
 
     stop = signals.install()
     with abort_on_exception(MPI.COMM_WORLD):
-        status = pack(sweep_path, log=_print_line, stop_requested=stop)
+        status = pack(sweep_path, log=say, stop_requested=stop)
     sys.stdout.flush()
     return status

@@ -7,7 +7,10 @@ Layout (a contract the report and later tools rely on):
                                    eval_split, val_split, normalization (YAML), backends (YAML:
                                    deterministic algorithms, cuDNN and TF32 settings), writer
                                    ("mpio" | "serial"), completed_rounds, resumed_at (list of the
-                                   rounds a resumed job started from)
+                                   rounds a resumed job started from), run_id (16 hex digits drawn
+                                   when the run first started), config_hash (sha256 of the config
+                                   minus operational keys, mpicd.identity), payload_sizes (YAML:
+                                   N, C, D, P, B of the byte formulas)
     /metrics/<name>         (rounds, clients) float64: train_loss (= train_ce + train_extra, the
                             sample-weighted means of the cross-entropy and of the algorithm's
                             extra term), test_acc, balanced_acc, minority_acc (held-out test
@@ -27,7 +30,8 @@ Layout (a contract the report and later tools rely on):
     /comm/outside_rounds    (clients, 2) int64: bytes sent, received outside any round (start-up
                             agreement, progress line, serial gather), written when the run ends
     /partition/train_counts (clients, classes), /partition/test_counts, /partition/expertise (clients,)
-    /placement/host, device (clients,) fixed-length strings; local_rank, threads (clients,) int64
+    /placement/host, device, cpu (clients,) fixed-length strings (cpu: the CPU's model name);
+                            local_rank, threads (clients,) int64
 
 The per-round datasets are declared once in :func:`columns`; creation, the collective write and
 the serial fallback's pack/unpack all follow that table.
@@ -136,7 +140,7 @@ def unpack(vector: np.ndarray, cols: list[Column]) -> list[np.ndarray]:
     return out
 
 
-PLACEMENT_STRINGS = {"host": 64, "device": 16}
+PLACEMENT_STRINGS = {"host": 64, "device": 16, "cpu": 64}
 
 
 class ResultsWriter:
@@ -175,7 +179,7 @@ class ResultsWriter:
             self.file = h5py.File(path, mode, driver="mpio", comm=comm.mpi)
         elif comm.rank == 0:
             self.file = h5py.File(path, mode)
-        rows = self._gather({k: placement[k] for k in ("host", "local_rank", "device", "threads")})
+        rows = self._gather({k: placement.get(k, "") for k in ("host", "local_rank", "device", "threads", "cpu")})
         if self.file is None:
             return
         if resume_at is None:
@@ -187,7 +191,8 @@ class ResultsWriter:
         else:
             self.file.attrs.modify("completed_rounds", resume_at)
             self.file.attrs["resumed_at"] = [*self.file.attrs.get("resumed_at", []), resume_at]
-        for key in ("host", "local_rank", "device", "threads"):
+            self._clear_rows_from(resume_at)
+        for key in ("host", "local_rank", "device", "threads", "cpu"):
             self._put(
                 f"placement/{key}",
                 (),
@@ -199,6 +204,18 @@ class ResultsWriter:
                 },
             )
         self.file.flush()
+
+    def _clear_rows_from(self, first: int) -> None:
+        """Resuming at round ``first``: rows from there on (an earlier attempt's, past the
+        checkpoint) go back to their fill values, so no row past completed_rounds holds data of
+        another attempt. Each rank clears its own column (parallel) or rank 0 all (serial)."""
+        ranks = [self.comm.rank] if self.parallel else range(self.comm.size)
+        for name in [col.path for col in self.cols] + ["metrics/write_seconds"]:
+            dset = self.file[name]
+            if first >= dset.shape[0]:
+                continue
+            for rank in ranks:
+                dset[(slice(first, None), rank)] = dset.fillvalue
 
     def _gather(self, mine: dict) -> dict[int, dict]:
         """{rank: placement} of the ranks this process writes for (all of them when serial)."""

@@ -16,7 +16,7 @@ def contents(path):
     """Every dataset and attribute of a results file except timings (and the versions line)."""
     found = {}
     with h5py.File(path, "r") as f:
-        found.update({f"attr:{k}": v for k, v in f.attrs.items() if k != "startup_seconds"})
+        found.update({f"attr:{k}": v for k, v in f.attrs.items() if k not in ("startup_seconds", "run_id")})
         f.visititems(
             lambda name, obj: (
                 found.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) and not is_timing(name) else None

@@ -1,0 +1,193 @@
+"""``mpicd verify FILE...``: does a results file keep its promises? Each broken one is named.
+
+Checked, from the file alone:
+
+* identity: a run id, and a config hash equal to the hash of the stored config (mpicd.identity);
+* rounds: ``completed_rounds`` <= ``rounds``; every completed round that was evaluated
+  (``eval.every``, and the last) has finite held-out metrics for every client (validation ones too
+  where there is a validation split) and a finite training loss unless its update was skipped;
+  a round that was not evaluated holds NaN metrics;
+* nothing claimed past the end: rows after ``completed_rounds`` hold no data (the row right after
+  it may hold a write that a crash interrupted before ``completed_rounds`` moved);
+* bytes: per round and rank, the totals equal the sums over kinds, and each kind equals the
+  algorithm's declared payload (``Algorithm.payloads``; co-distillation's students read from
+  ``/comm/teacher``; in a round where an update was skipped, at most the declared bytes);
+* teachers: -1 or another client; ``skipped`` is 0 or 1; a complete file has its bytes outside rounds.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+HELD_OUT = ("test_acc", "balanced_acc", "minority_acc")
+VALIDATION = ("val_acc", "val_balanced_acc", "val_minority_acc")
+
+
+@dataclass
+class Verdict:
+    path: Path
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    summary: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def text(self) -> str:
+        head = f"{self.path}: {'ok' if self.ok else f'{len(self.problems)} problem(s)'}"
+        head += f" ({self.summary})" if self.summary else ""
+        lines = [head] + [f"  problem: {p}" for p in self.problems] + [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _rounds_text(rounds) -> str:
+    rounds = [int(r) + 1 for r in rounds]
+    return ", ".join(map(str, rounds[:8])) + (f" ... ({len(rounds)} rounds)" if len(rounds) > 8 else "")
+
+
+def verify(path: str | Path) -> Verdict:
+    from .results import Results, ResultsFileError
+
+    verdict = Verdict(Path(path))
+    try:
+        res = Results(path)
+    except ResultsFileError as err:
+        verdict.problems.append(str(err))
+        return verdict
+    attrs, config = res.attrs, res.config if isinstance(res.config, dict) else {}
+    rounds, clients, done = int(attrs.get("rounds", 0)), int(attrs.get("clients", 0)), res.completed_rounds
+    verdict.summary = f"run {attrs.get('run_id', '?')}, {attrs.get('algorithm', '?')}, {done} of {rounds} rounds"
+    _identity(verdict, attrs, config)
+    if done > rounds:
+        verdict.problems.append(f"completed_rounds is {done}, more than the run's {rounds} rounds")
+    _metrics(verdict, res, config, rounds, done)
+    _past_the_end(verdict, path, done)
+    _bytes(verdict, res, config, attrs, clients, done)
+    teacher = res.teacher
+    own = np.arange(teacher.shape[1])[None, :] if teacher.size else teacher
+    bad = (teacher != -1) & ((teacher < 0) | (teacher >= clients) | (teacher == own))
+    if bad.any():
+        verdict.problems.append(f"/comm/teacher names no other client in rounds {_rounds_text(np.nonzero(bad)[0])}")
+    skipped = res.metrics.get("skipped")
+    if skipped is not None and not np.isin(skipped, (0, 1)).all():
+        verdict.problems.append("/metrics/skipped holds values other than 0 and 1")
+    if done == rounds and rounds and (res.outside_rounds < 0).any():
+        verdict.problems.append("a complete file without its bytes outside rounds (/comm/outside_rounds is -1)")
+    return verdict
+
+
+def _identity(verdict: Verdict, attrs: dict, config: dict) -> None:
+    from .identity import config_hash, is_run_id
+
+    if "run_id" not in attrs and "config_hash" not in attrs:
+        verdict.notes.append("no run id or config hash: written by an mpicd older than run identities")
+        return
+    if not is_run_id(attrs.get("run_id")):
+        verdict.problems.append(f"run_id {attrs.get('run_id')!r} is not 16 hex digits")
+    if attrs.get("config_hash") != config_hash(config):
+        verdict.problems.append(
+            f"config_hash {attrs.get('config_hash')!r} is not the hash of the stored config ({config_hash(config)})"
+        )
+
+
+def _metrics(verdict: Verdict, res, config: dict, rounds: int, done: int) -> None:
+    every = int((config.get("eval") or {}).get("every", 1) or 1)
+    evaluated = np.array([(r + 1) % every == 0 or r + 1 == rounds for r in range(done)], dtype=bool)
+    names = HELD_OUT + (VALIDATION if res.attrs.get("val_split", "none") != "none" else ())
+    for name in names:
+        values = res.metrics.get(name)
+        if values is None:
+            verdict.problems.append(f"/metrics/{name} is missing")
+            continue
+        finite = np.isfinite(values)
+        missing = evaluated & ~finite.all(axis=1)
+        if missing.any():
+            verdict.problems.append(
+                f"/metrics/{name} is not finite in evaluated rounds {_rounds_text(np.nonzero(missing)[0])}"
+            )
+        stray = ~evaluated & finite.any(axis=1)
+        if stray.any():
+            verdict.problems.append(
+                f"/metrics/{name} holds values in rounds not evaluated: {_rounds_text(np.nonzero(stray)[0])}"
+            )
+    loss, skipped = res.metrics.get("train_loss"), res.metrics.get("skipped")
+    if loss is not None:
+        kept = np.ones_like(loss, dtype=bool) if skipped is None else skipped == 0
+        bad = (kept & ~np.isfinite(loss)).any(axis=1)
+        if bad.any():
+            verdict.problems.append(f"/metrics/train_loss is not finite in rounds {_rounds_text(np.nonzero(bad)[0])}")
+
+
+def _past_the_end(verdict: Verdict, path, done: int) -> None:
+    """Rows from done + 1 on must hold only fill values (the row ``done`` may be a torn write)."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        for group in ("metrics", "comm"):
+            for name, dset in f[group].items():
+                if not isinstance(dset, h5py.Dataset) or dset.ndim < 2 or name == "outside_rounds":
+                    continue
+                rest = dset[done + 1 :]
+                if not rest.size:
+                    continue
+                fill = dset.fillvalue
+                stray = ~np.isnan(rest) if np.issubdtype(rest.dtype, np.floating) and np.isnan(fill) else rest != fill
+                rows = np.nonzero(stray.reshape(len(rest), -1).any(axis=1))[0] + done + 1
+                if rows.size:
+                    verdict.problems.append(
+                        f"/{group}/{name} holds data past completed_rounds ({done}) in rounds {_rounds_text(rows)}"
+                    )
+
+
+def _bytes(verdict: Verdict, res, config: dict, attrs: dict, clients: int, done: int) -> None:
+    from .algorithms import Sizes, resolve
+    from .config import ConfigError
+
+    for side in ("sent", "recv"):
+        by_kind = getattr(res, f"bytes_{side}_by_kind")
+        total = res.metrics.get(f"bytes_{side}")
+        if total is not None and by_kind.size and not np.array_equal(total, by_kind.sum(axis=2)):
+            verdict.problems.append(f"/metrics/bytes_{side} differs from the sum over kinds of /comm/bytes_{side}")
+    if "payload_sizes" not in attrs:
+        verdict.notes.append("no payload_sizes attribute (an older mpicd): bytes not checked against the declaration")
+        return
+    try:
+        cls, params = resolve(config.get("algorithm") or {})
+    except ConfigError as err:
+        verdict.problems.append(f"the stored config's algorithm does not resolve: {err}")
+        return
+    sizes = Sizes(**yaml.safe_load(attrs["payload_sizes"]))
+    skipped = res.metrics.get("skipped")
+    wrong: dict[str, list[int]] = {}
+    for r in range(done):
+        relaxed = skipped is not None and bool(skipped[r].any())
+        for c in range(clients):
+            students = int((res.teacher[r] == c).sum())
+            declared = cls.bytes_per_round(sizes, params, students) if clients > 1 else {}
+            for k, kind in enumerate(res.kinds):
+                want = declared.get(kind, (0, 0))
+                got = (int(res.bytes_sent_by_kind[r, c, k]), int(res.bytes_recv_by_kind[r, c, k]))
+                fine = got[0] <= want[0] and got[1] <= want[1] if relaxed else got == tuple(want)
+                if not fine:
+                    wrong.setdefault(f"{kind} (declared {want[0]} sent, {want[1]} received)", []).append(r)
+    for what, rows in wrong.items():
+        verdict.problems.append(f"bytes of kind {what} differ in rounds {_rounds_text(sorted(set(rows)))}")
+
+
+def main(paths: list[str]) -> int:
+    """Exit status 0: every file keeps every promise; 1: some file does not (each problem named)."""
+    failed = 0
+    for path in paths:
+        verdict = verify(path)
+        print(verdict.text())
+        failed += not verdict.ok
+    if len(paths) > 1:
+        print(f"{len(paths) - failed} of {len(paths)} files ok")
+    sys.stdout.flush()
+    return 1 if failed else 0
