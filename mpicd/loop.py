@@ -239,7 +239,7 @@ def run(
     start = 0 if decision.fresh else resume_point(plan, client, comm, out, decision)
     if resume and not decision.fresh and comm.rank == 0:
         log(
-            f"mpicd: resuming run {decision.run_id} at round {start + 1} from {checkpoint.folder_for(out)}"
+            f"mpicd: resuming at round {start + 1} from {checkpoint.folder_for(out)} (run {decision.run_id})"
             if start
             else f"mpicd: no checkpoint of run {decision.run_id} at or before round {decision.bound}; "
             "starting again at round 1"
@@ -328,11 +328,12 @@ def _rounds(
         watchdog.phase = "training"
         loss = client.train_round(r, fault, guard)
         trained = time.perf_counter()
-        test = val = None  # not evaluated this round (eval.every): NaN metrics in the file
+        test = val = own = None  # not evaluated this round (eval.every): NaN metrics in the file
         if (r + 1) % cfg.eval.every == 0 or r + 1 == cfg.rounds:
             watchdog.phase = "evaluating"
             test = client.evaluate("test")
             val = client.evaluate("val") if "val" in client.eval_sets else None
+            own = client.evaluate("train") if cfg.eval.train_split else None  # audit: its own training images
         traffic = ledger.end_round()
         finished = time.perf_counter()
         elapsed = finished - started
@@ -343,6 +344,7 @@ def _rounds(
                 loss=loss,
                 test=test,
                 val=val,
+                train=own,
                 traffic=traffic,
                 compute_seconds=elapsed - traffic.seconds,
                 teacher=client.algorithm.teacher(),

@@ -5,10 +5,14 @@
 # launch runs the launcher in the background and waits, so that a SIGUSR1 from Slurm (the
 # scripts ask for one 120 s before the time limit) is forwarded to the ranks; they finish their
 # round, checkpoint and exit with 75, and the job requeues itself to resume from there.
+# The launcher's stdout also goes through tee into a temporary file, to tell a failed launch (no
+# rank got as far as its start-up line, "mpicd: rank R on HOST" or "mpicd pack: N runs in") from
+# a job that started and then failed: a rank's error, or a node lost mid-run.
 if [ -f .venv/bin/activate ]; then source .venv/bin/activate; fi
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 resume=(${MPICD_RESUME_FLAG---resume})  # always resume: a checkpoint if there is one, else a fresh start
 MPICD_STOPPED=75                           # the ranks' status for "checkpointed at a round boundary"
+MPICD_INTERRUPTED=130                      # the same after SIGINT/SIGTERM (Ctrl-C, scancel): no requeue
 
 require_ntasks() {
   local have=${SLURM_NTASKS:-}
@@ -34,15 +38,29 @@ PY
 }
 
 launch() {
-  local launcher=${MPICD_LAUNCHER:-$([ -n "${SLURM_JOB_ID:-}" ] && echo srun || echo mpirun)} cmd rc
+  local launcher=${MPICD_LAUNCHER:-$([ -n "${SLURM_JOB_ID:-}" ] && echo srun || echo mpirun)} cmd rc out tee_pid seen started
   if [ "$launcher" = mpirun ]; then
     cmd=(mpirun -n "${MPICD_NTASKS:?call require_ntasks first}" ${MPICD_MPIRUN_ARGS:-})
   else
     cmd=(srun ${MPICD_SRUN_ARGS:---mpi=pmix --kill-on-bad-exit=1})
   fi
+  local a
+  for a in "$@"; do
+    if [ "$a" = --overwrite ] && [ ${#resume[@]} -gt 0 ]; then
+      echo "mpicd: --overwrite: the batch scripts always pass --resume (a requeued job must continue, not" \
+           "start again); to replace a results file, delete it and its .ckpt folder before submitting" >&2
+      return 2
+    fi
+  done
   echo "mpicd: launching ${cmd[*]} python -m mpicd $*"
-  "${cmd[@]}" python -m mpicd "$@" &
-  _mpicd_pid=$! _mpicd_signalled=0
+  seen=$(mktemp "${TMPDIR:-/tmp}/mpicd-launch.XXXXXX")
+  # tee ignores the signals that scancel and the forwarding below send, so the launcher never
+  # writes into a closed pipe; it ends when the launcher's output does
+  exec {out}> >(trap '' INT TERM USR1 HUP; exec tee -a "$seen")
+  tee_pid=$!
+  "${cmd[@]}" python -m mpicd "$@" >&"$out" {out}>&- &
+  _mpicd_pid=$! _mpicd_signalled=0 _mpicd_interrupted=0
+  exec {out}>&-
   trap '_mpicd_forward USR1' USR1
   trap '_mpicd_forward TERM' TERM INT
   while :; do
@@ -51,6 +69,10 @@ launch() {
     break
   done
   trap - USR1 TERM INT
+  for _ in {1..100}; do kill -0 "$tee_pid" 2>/dev/null || break; sleep 0.1; done  # tee has passed it all on
+  started=no
+  if grep -qE 'mpicd: rank [0-9]+ on |mpicd pack: [0-9]+ runs in ' "$seen"; then started=yes; fi
+  rm -f "$seen"
   if [ "$rc" = "$MPICD_STOPPED" ]; then
     if [ -n "${SLURM_JOB_ID:-}" ]; then
       echo "mpicd: the ranks checkpointed and stopped; requeueing job $SLURM_JOB_ID to resume" >&2
@@ -58,6 +80,14 @@ launch() {
     else
       echo "mpicd: the ranks checkpointed and stopped; run the same command again to resume" >&2
     fi
+  elif [ "$rc" = "$MPICD_INTERRUPTED" ] || { [ "$_mpicd_interrupted" = 1 ] && [ "$rc" != 0 ] && [ "$started" = yes ]; }; then
+    echo "mpicd: interrupted (SIGINT/SIGTERM): the ranks stopped after a round, checkpointed; run or submit" \
+         "the same command again to resume (not requeued: an interrupt means stop)" >&2
+  elif [ "$rc" != 0 ] && [ "$rc" != 2 ] && [ "$started" = yes ]; then
+    echo "mpicd: ${cmd[*]} exited with status $rc after the ranks had started: not a launch problem, but a" \
+         "rank that failed or a node lost mid-run (the first error above says which: mpicd's \"rank R, round N" \
+         "failed\", or the launcher's, e.g. srun's \"Node failure\"). The results file keeps the finished" \
+         "rounds; the same job, run or submitted again, resumes from the newest checkpoint." >&2
   elif [ "$rc" != 0 ] && [ "$rc" != 2 ] && [ "$launcher" = mpirun ]; then
     echo "mpicd: ${cmd[*]} exited with status $rc. If the ranks did not start, try MPICD_MPIRUN_ARGS" \
          "(e.g. --oversubscribe, or --bind-to none), or, inside Slurm, srun: MPICD_LAUNCHER=srun." >&2
@@ -72,6 +102,7 @@ launch() {
 
 _mpicd_forward() {
   _mpicd_signalled=1
+  if [ "$1" != USR1 ]; then _mpicd_interrupted=1; fi
   echo "mpicd: SIG$1 received, passing it to the ranks" >&2
   kill "-$1" "$_mpicd_pid" 2>/dev/null || true
 }

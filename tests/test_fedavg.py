@@ -1,14 +1,16 @@
 """FedAvg: one Allreduce of [n_i theta_i ; n_i]; every rank ends the round with the weighted mean."""
 
 import numpy as np
+import pytest
 import torch
 
 from mpicd.algorithms.base import Context, NoParams
 from mpicd.algorithms.aggregate import assign, averaged_tensors, flatten
 from mpicd.algorithms.fedavg import FedAvg
 from mpicd.models import build_model, num_parameters, resnet18
+from mpicd.results import Results
 
-from conftest import rank_dumps
+from conftest import DRIVERS, mpiexec, rank_dumps
 
 STATS_ROUNDS = 3  # tests/drivers/baselines.py
 
@@ -84,9 +86,38 @@ def test_all_ranks_hold_the_bit_identical_sample_weighted_mean(baselines):
             assert not np.array_equal(dumps[0][f"pre_{r + 1}"], post[0])
 
 
-def test_with_identical_data_fedavg_equals_single_process_training(baselines):
-    ranks, out = baselines
-    for d in rank_dumps(out, "identical", ranks):
-        for r in range(STATS_ROUNDS):
-            np.testing.assert_allclose(d[f"fedavg_{r}"], d[f"single_{r}"], rtol=1e-4, atol=1e-5)
-        assert np.abs(d["fedavg_0"] - d[f"fedavg_{STATS_ROUNDS - 1}"]).max() > 1e-3  # it trained
+REPLAY_ROUNDS = 3  # tests/drivers/fedavg_rounds.py
+REPLAY_ATOL = 1e-6  # float32 averaging vs the replay's float64: 5e-8 measured after 3 rounds
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory):
+    """tests/drivers/fedavg_rounds.py in replay mode: a real 3-rank FedAvg run whose clients hold
+    68, 98 and 68 images, and each client's local training replayed serially in one process."""
+    out = tmp_path_factory.mktemp("fedavg_replay")
+    result = mpiexec(3, str(DRIVERS / "fedavg_rounds.py"), str(out), "replay", timeout=300)
+    assert result.returncode == 0, (
+        f"fedavg_rounds driver failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+    )
+    ranks = [dict(np.load(out / f"rank{r}.npz")) for r in range(3)]
+    return Results(out / "run.h5"), ranks, dict(np.load(out / "replay.npz"))
+
+
+def test_fedavg_equals_the_serial_replay_averaged_by_sample_counts(replayed):
+    """Every round ends with sum_j n_j theta_j / sum_j n_j over the clients' locally trained models,
+    computed here in numpy from a replay that never touches MPI or FedAvg: an unweighted mean, a
+    missing average, or a round that does not start from the previous average all fail."""
+    results, ranks, replay = replayed
+    n = results.partition["train_counts"].sum(axis=1).astype(np.float64)  # the file's partition
+    assert len(set(n)) > 1, n  # data.skew_mode=authors: 68, 98 and 68 images, the weights differ
+    assert [int(d["n"]) for d in ranks] == [int(replay[f"n_{j}"]) for j in range(3)] == list(n)
+    for r in range(REPLAY_ROUNDS):
+        theta = np.stack([replay[f"theta_{r}_{j}"] for j in range(3)]).astype(np.float64)
+        expected = (n[:, None] * theta).sum(axis=0) / n.sum()
+        for rank, d in enumerate(ranks):  # the MPI clients trained what the replay trained ...
+            np.testing.assert_allclose(d[f"pre_{r}"], theta[rank], rtol=0, atol=REPLAY_ATOL, err_msg=f"round {r}")
+            # ... and ended the round with its sample-weighted mean
+            np.testing.assert_allclose(d[f"post_{r}"], expected, rtol=0, atol=REPLAY_ATOL, err_msg=f"round {r}")
+        # the test has power: the unweighted mean and every client's own model are far outside it
+        assert np.abs(theta.mean(axis=0) - expected).max() > 50 * REPLAY_ATOL
+        assert min(np.abs(theta[j] - expected).max() for j in range(3)) > 500 * REPLAY_ATOL

@@ -1,7 +1,10 @@
 """Checkpoint and resume: a run killed (SIGKILL) or stopped (SIGUSR1) mid-way and resumed with
---resume writes exactly the metrics and bytes of an uninterrupted run."""
+--resume writes exactly the metrics and bytes of an uninterrupted run, for every algorithm that
+carries state from round to round (FedProto, FedDistill, FedAMP) as for codistill and fedavg."""
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +17,7 @@ import pytest
 from mpicd import checkpoint
 from mpicd.results import Results
 
-from conftest import PNEUMONIA, QUICKSTART, ROOT, is_timing, mpi_env, mpicd_run, mpiexec
+from conftest import DRIVERS, PNEUMONIA, QUICKSTART, ROOT, is_timing, mpi_env, mpicd_run, mpiexec
 
 
 def workload():
@@ -73,7 +76,7 @@ def wait_for_checkpoint(proc, out, completed: int, timeout: float = 180):
     folder = checkpoint.folder_for(out)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(max(checkpoint.available(folder, r), default=-1) >= completed for r in range(4)):
+        if all(max(checkpoint.held(folder, r), default=-1) >= completed for r in range(4)):
             return
         if proc.poll() is not None:
             pytest.fail(f"the run ended before round {completed} was checkpointed:\n{proc.communicate()}")
@@ -165,7 +168,7 @@ def test_sigusr1_stops_at_a_round_boundary_and_resume_completes(tmp_path, refere
     stdout = stop_on_request(proc)
     assert "stopped on request" in stdout
     done = Results(out).completed_rounds
-    assert done in checkpoint.available(checkpoint.folder_for(out), 0)
+    assert done in checkpoint.held(checkpoint.folder_for(out), 0)
     mpicd_run(4, config, out, *overrides, "--resume", timeout=400)
     assert_same_run(Results(out), Results(reference["codistill"]))
 
@@ -208,12 +211,113 @@ def workload_quick():
 
 
 def test_checkpoint_is_atomic_and_torn_files_are_ignored(tmp_path):
-    folder = tmp_path / "x.h5.ckpt"
+    folder, run = tmp_path / "x.h5.ckpt", "0123456789abcdef"
     for completed in (1, 2, 3):
-        checkpoint.save(folder, 0, completed, {"round": completed})
-    assert checkpoint.available(folder, 0) == [3, 2]  # only the newest two are kept
-    checkpoint.path_for(folder, 0, 3).write_bytes(b"torn")
-    assert checkpoint.load(folder, 0, 3, "cpu") is None
-    assert checkpoint.load(folder, 0, 2, "cpu") == {"round": 2}
-    (folder / ".rank0.round4.pt.123.tmp").write_bytes(b"partial")
-    assert checkpoint.available(folder, 0) == [3, 2]
+        checkpoint.save(folder, 0, completed, {"round": completed}, run)
+    assert checkpoint.available(folder, 0, run) == [3, 2]  # only the newest two are kept
+    checkpoint.path_for(folder, 0, 3, run).write_bytes(b"torn")
+    assert checkpoint.load(folder, 0, 3, run, "cpu") is None
+    assert checkpoint.load(folder, 0, 2, run, "cpu") == {"round": 2, "run_id": run}
+    (folder / f".rank0.round4.{run}.pt.123.tmp").write_bytes(b"partial")
+    assert checkpoint.available(folder, 0, run) == [3, 2]
+
+
+# Algorithms whose ``carried`` state a checkpoint must hold (mpicd/algorithms/*.py state_dict):
+# FedProto's global prototypes, FedDistill's soft targets, FedAMP's cloud model u_i. A resume that
+# lost any of them would train its first round without the algorithm's term and diverge from the
+# uninterrupted run. Short runs (quick-start data, 2 ranks); each job is stopped deterministically in
+# the middle of round CARRIED_HANG (rank 1 hangs after its local epoch, rank 0 waits for it in the
+# exchange; debug.* is operational, so the resume may drop it), then SIGKILLed whole. The reference
+# runs share one MPI job and so do the resumes (tests/drivers/runs.py): one start-up each.
+CARRIED = ("fedproto", "feddistill", "fedamp")
+CARRIED_ROUNDS = 6
+CARRIED_HANG = 3  # counted from 0: rounds 0-2 are in the file and checkpointed when the job dies
+HANG_MESSAGE = "injected fault debug.fail_kind=hang"
+
+
+def carried_args(algorithm: str, out, *extra: str) -> list[str]:
+    return [
+        "run",
+        str(QUICKSTART),
+        "clients=2",
+        f"rounds={CARRIED_ROUNDS}",
+        f"algorithm={{name: {algorithm}}}",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def run_in_one_job(argument_lists: list[list[str]], timeout: float = 400) -> subprocess.CompletedProcess:
+    result = mpiexec(2, str(DRIVERS / "runs.py"), json.dumps(argument_lists), timeout=timeout)
+    assert result.returncode == 0, f"runs driver failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def kill_whole_job(proc) -> None:
+    """SIGKILL to every process of the job (mpiexec and its ranks); none may be left."""
+    pids = session_pids(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while descendants_alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not descendants_alive(pids), "processes of the killed job are still running"
+
+
+def hang_then_kill(args: list[str], log, timeout: float = 180) -> None:
+    """Start ``mpicd ARGS`` on 2 ranks, wait until rank 1 hangs in round CARRIED_HANG, kill the job."""
+    with open(log, "w") as output:  # a file, not a pipe: read while the job runs, never full
+        proc = subprocess.Popen(
+            ["mpiexec", "-n", "2", "--oversubscribe", sys.executable, "-m", "mpicd", *args],
+            cwd=ROOT,
+            env=mpi_env(),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + timeout
+    while HANG_MESSAGE not in log.read_text():
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before it hung in round {CARRIED_HANG}:\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"no hang in round {CARRIED_HANG} within {timeout} s:\n{log.read_text()}")
+        time.sleep(0.05)
+    time.sleep(0.5)  # rank 0 may still be writing its checkpoint of round 3: either resume point will do
+    kill_whole_job(proc)
+
+
+@pytest.fixture(scope="module")
+def carried(tmp_path_factory):
+    """{algorithm: (uninterrupted file, killed-and-resumed file)} and the resumes' stdout."""
+    folder = tmp_path_factory.mktemp("carried")
+    files = {a: (folder / f"{a}-reference.h5", folder / f"{a}-resumed.h5") for a in CARRIED}
+    run_in_one_job([carried_args(a, reference) for a, (reference, _) in files.items()])
+    hang = [
+        "debug.fail_rank=1",
+        f"debug.fail_round={CARRIED_HANG}",
+        "debug.fail_kind=hang",
+        "debug.fail_at=after_epoch",
+    ]
+    for a, (_, out) in files.items():
+        hang_then_kill(carried_args(a, out, *hang), folder / f"{a}-killed.log")
+        with h5py.File(out, "r") as f:  # the killed file holds exactly the rounds before the hang
+            assert int(f.attrs["completed_rounds"]) == CARRIED_HANG, a
+    resumed = run_in_one_job([carried_args(a, out, "--resume") for a, (_, out) in files.items()])
+    return files, resumed.stdout
+
+
+@pytest.mark.parametrize("algorithm", CARRIED)
+def test_sigkill_then_resume_restores_the_carried_state(carried, algorithm):
+    files, stdout = carried
+    reference, out = (Results(path) for path in files[algorithm])
+    # resumed from a checkpoint made after at least one exchange, so the carried state mattered
+    assert list(out.attrs["resumed_at"]) in ([CARRIED_HANG - 1], [CARRIED_HANG]), out.attrs["resumed_at"]
+    folder = re.escape(str(checkpoint.folder_for(files[algorithm][1])))
+    assert re.search(rf"resuming .*at round {out.attrs['resumed_at'][0] + 1} from {folder}", stdout), stdout
+    # the algorithm's term is active in every round after the first: without its carried state
+    # (prototypes, targets, cloud model) the first resumed round would train without it
+    assert (reference.metrics["train_extra"][1:] > 0).all(), reference.metrics["train_extra"]
+    assert_same_run(out, reference)
+    assert not checkpoint.folder_for(files[algorithm][1]).exists(), "a complete run keeps no checkpoints"

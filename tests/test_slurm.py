@@ -122,6 +122,74 @@ def test_a_failed_launch_says_what_to_try(slurm, tmp_path):
     hint = log.strip().splitlines()[-1]
     assert hint.startswith("mpicd: srun --mpi=none exited with status"), log
     assert 'MPICD_SRUN_ARGS="--mpi=pmix --kill-on-bad-exit=1"' in hint and "MPICD_LAUNCHER=mpirun" in hint, log
+    assert MID_RUN not in log, log
+
+
+# What launch.sh says when the ranks had started (their "mpicd: rank R on HOST" lines) before the
+# launcher failed: a lost node, or a rank that died, not a launch problem (no PMI hint).
+MID_RUN = "after the ranks had started: not a launch problem"
+KILL_RANK_1_IN_ROUND_2 = ["debug.fail_rank=1", "debug.fail_round=1", "debug.fail_kind=kill"]
+
+
+@pytest.mark.slurm
+def test_a_rank_lost_mid_run_is_not_reported_as_a_failed_launch(slurm, tmp_path):
+    """A rank SIGKILLed in its second round: to srun the same as a node lost mid-run (tasks ran,
+    then some vanished), which the single-node test cluster cannot do for real."""
+    out = tmp_path / "lost.h5"
+    rc, job = sbatch(
+        slurm,
+        "--ntasks=2",
+        f"--output={tmp_path}/%j.out",
+        "slurm/mpicd.sbatch",
+        str(QUICKSTART),
+        "clients=2",
+        "rounds=3",
+        *KILL_RANK_1_IN_ROUND_2,
+        "--out",
+        str(out),
+        env=job_env(slurm),
+    )
+    log = (tmp_path / f"{job}.out").read_text()
+    assert rc not in (0, 2), log
+    hint = log.strip().splitlines()[-1]
+    assert hint.startswith("mpicd: srun --mpi=pmix --kill-on-bad-exit=1 exited with status"), log
+    assert MID_RUN in hint and "resumes from the newest checkpoint" in hint, log
+    assert "MPICD_SRUN_ARGS" not in hint and "PMI" not in hint, log
+    assert Results(out).completed_rounds == 1
+
+
+def test_outside_slurm_a_failed_launch_and_a_rank_lost_mid_run_get_different_messages(tmp_path):
+    """mpirun, no SLURM_*: a launcher that fails before any rank starts gets the launcher hint; a
+    job whose rank dies in round 2 gets the mid-run message instead."""
+    env = {k: v for k, v in mpi_env().items() if not k.startswith("SLURM_")}
+    env["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
+    script = ["bash", "slurm/mpicd.sbatch", str(QUICKSTART), "clients=2"]
+    failed = subprocess.run(
+        [*script, "rounds=1", "--out", str(tmp_path / "never.h5")],
+        cwd=ROOT,
+        env={**env, "MPICD_MPIRUN_ARGS": "--no-such-option"},  # mpirun refuses it: no rank starts
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT,
+    )
+    assert failed.returncode not in (0, 2), failed.stdout + failed.stderr
+    hint = failed.stderr.strip().splitlines()[-1]
+    assert hint.startswith("mpicd: mpirun -n 2 --no-such-option exited with status"), failed.stderr
+    assert "If the ranks did not start, try MPICD_MPIRUN_ARGS" in hint and MID_RUN not in failed.stderr
+    lost = subprocess.run(
+        [*script, "rounds=3", *KILL_RANK_1_IN_ROUND_2, "--out", str(tmp_path / "lost.h5")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT,
+    )
+    assert lost.returncode not in (0, 2), lost.stdout + lost.stderr
+    hint = lost.stderr.strip().splitlines()[-1]
+    assert hint.startswith("mpicd: mpirun -n 2 exited with status") and MID_RUN in hint, lost.stderr
+    assert "MPICD_MPIRUN_ARGS" not in hint, lost.stderr
+    assert "mpicd: rank 0 on " in lost.stdout  # the launcher's output still reaches the job's output
+    assert Results(tmp_path / "lost.h5").completed_rounds == 1
 
 
 SWEEP_RUNS = 3
@@ -346,7 +414,7 @@ def test_usr1_near_the_time_limit_requeues_and_the_run_resumes_exactly(slurm, tm
     )
     folder = checkpoint.folder_for(out)
     wait_for(
-        lambda: all(checkpoint.available(folder, r) and max(checkpoint.available(folder, r)) >= 3 for r in (0, 1)),
+        lambda: all(max(checkpoint.held(folder, r), default=-1) >= 3 for r in (0, 1)),
         JOB_TIMEOUT,
         "the third round's checkpoint",
     )
