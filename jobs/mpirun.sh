@@ -2,19 +2,20 @@
 # mpirun for a workstation: N ranks of the project's venv Python running mpicd.
 #   jobs/mpirun.sh 4 run configs/quickstart.yaml rounds=5
 # Oversubscribes (more ranks than cores is fine for small models) and, as root, adds the
-# confirmation Open MPI insists on.
+# confirmation Open MPI insists on. It stays in the caller's folder: config and --out paths are
+# relative to where you stand, as with mpirun itself.
 # Ctrl-C: Open MPI's mpirun answers SIGINT with SIGTERM to the ranks after odls_base_sigkill_timeout
 # (1 s) and SIGKILL after twice that, too soon for a round to finish. So mpirun runs in its own
 # session here, out of the terminal's reach, and a Ctrl-C becomes SIGUSR2, which mpirun passes on
 # at once: every rank finishes its round, checkpoints and exits 130 ("resume with --resume").
 # A second Ctrl-C sends mpirun the SIGINT itself: the job ends at once, the last checkpoint stays.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 n=${1:?usage: jobs/mpirun.sh NRANKS mpicd-arguments...}; shift
 if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
-setsid mpirun -n "$n" --oversubscribe .venv/bin/python -m mpicd "$@" &
+setsid mpirun -n "$n" --oversubscribe "$root/.venv/bin/python" -m mpicd "$@" &
 pid=$! interrupts=0
 on_interrupt() {
   interrupts=$((interrupts + 1))

@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["--version"], ["-V"]):
         print(f"mpicd {__version__}")
         return 0
+    if argv[:1] in (["--help"], ["-h"], ["help"]):
+        print(command_list(parsers))
+        return 0
     if not argv or argv[0] not in parsers:
         print(
             f"usage: mpicd {{{','.join(parsers)}}} ...  (mpicd COMMAND --help for more; mpicd --version)",
@@ -201,6 +204,15 @@ def verify(args: argparse.Namespace) -> int:
     from .verify import main
 
     return main(args.files)
+
+
+def command_list(parsers: dict[str, argparse.ArgumentParser]) -> str:
+    """``mpicd --help``: every command with its one-line description."""
+    width = max(map(len, parsers))
+    lines = [f"mpicd {__version__}: federated learning on class-imbalanced images, one MPI rank per client", ""]
+    lines += [f"  mpicd {name:<{width}}  {p.description}" for name, p in parsers.items()]
+    lines += ["", "mpicd COMMAND --help for a command's options; mpicd --version; README.md for the rest"]
+    return "\n".join(lines)
 
 
 def bench(args: argparse.Namespace) -> int:

@@ -317,7 +317,10 @@ def _rounds(
 ) -> Outcome:
     from .results import RoundRow
 
+    from .sweep import duration
+
     cfg, ledger, every = plan.config, comm.ledger, plan.config.checkpoint.every
+    began = time.perf_counter()
     for r in range(start, cfg.rounds):
         started = time.perf_counter()
         ledger.begin_round()
@@ -364,9 +367,12 @@ def _rounds(
         getattr(stop_requested, "round_took", lambda seconds: None)(time.perf_counter() - started)
         if comm.rank == 0:
             minority = "     -" if test is None else f"{summary[0] / comm.size:.4f}"
+            ran = time.perf_counter() - began
+            left = ran / (r + 1 - start) * (cfg.rounds - r - 1)
             log(
                 f"round {r + 1:>4}/{cfg.rounds}  minority_acc {minority}  "
-                f"bytes {int(summary[1]):>12,d}  {summary[2] / comm.size:6.2f} s"
+                f"bytes {int(summary[1]):>12,d}  {summary[2] / comm.size:6.2f} s  "
+                f"({duration(ran)} elapsed, about {duration(left)} left)"
             )
         watchdog.phase = "checkpointing"
         if ((every and (r + 1) % every == 0) or stop) and r + 1 < cfg.rounds:

@@ -39,6 +39,17 @@ def python(code: str, *blocked: str, timeout: float = 120) -> subprocess.Complet
     )
 
 
+def test_help_lists_every_command_and_exits_0():
+    from mpicd.cli import _parsers
+
+    for flag in ("--help", "-h", "help"):
+        result = mpicd_cli(flag)
+        assert result.returncode == 0, result.stderr
+        listed = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("  mpicd ")]
+        assert listed == list(_parsers()), result.stdout
+    assert mpicd_cli().returncode == 2  # no command at all is still a usage error
+
+
 def test_version():
     result = mpicd_cli("--version")
     assert result.returncode == 0 and result.stdout.strip() == f"mpicd {importlib.metadata.version('mpicd')}"

@@ -1,5 +1,6 @@
 """``mpicd run`` as a user runs it: determinism, failure handling, bad input, the quick start."""
 
+import re
 import subprocess
 import time
 
@@ -97,7 +98,7 @@ def test_check_rejects_bad_input_with_exit_2():
 def test_readme_quickstart_command_end_to_end():
     started = time.monotonic()
     result = subprocess.run(
-        ["bash", "jobs/quickstart.sh", "--out", "results/test-quickstart.h5"],
+        ["bash", "jobs/quickstart.sh", "--out", "results/test-quickstart.h5", "--overwrite"],
         cwd=ROOT,
         env=mpi_env(),
         capture_output=True,
@@ -108,6 +109,8 @@ def test_readme_quickstart_command_end_to_end():
     assert result.returncode == 0, result.stderr
     round_lines = [line for line in result.stdout.splitlines() if line.startswith("round ")]
     assert len(round_lines) == 20 and "minority_acc" in round_lines[0] and "bytes" in round_lines[0]
+    assert all(re.search(r"\(\S+ elapsed, about \S+ left\)$", line) for line in round_lines), round_lines
+    assert round_lines[-1].endswith("about 0s left)")
     res = Results(ROOT / "results" / "test-quickstart.h5")
     assert res.completed_rounds == 20
     print(f"quick start: {elapsed:.1f} s wall")
