@@ -365,8 +365,8 @@ def test_more_images_per_class_than_a_class_holds_names_the_class(tmp_path):
     one_line(
         *check(path),
         "data.images_per_class",
-        "6 per client x 2 clients needs 12 images of class 0, which "
-        "has 10 in the training split; the largest allowed value is 5",
+        "6 per client x 2 clients needs 12 images of every class; class 0, the rarest, has 10 in the "
+        "training split (short: classes 0, 1); the largest allowed value is 5 = 10 // 2",
     )
 
 

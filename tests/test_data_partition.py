@@ -88,6 +88,16 @@ def test_too_many_images_per_class_names_class_count_clients_and_limit():
     assert "largest allowed value is 12" in message
 
 
+def test_the_size_error_names_the_rarest_class_not_the_first_short_one():
+    # class 0 (300) is short of 4 x 100 too, but the limit, 60 // 4 = 15, comes from class 2
+    labels = labels_with([300, 500, 60])
+    with pytest.raises(ConfigError) as err:
+        make_partition(labels, 3, 4, 0.0, 100, seed=0)
+    message = str(err.value)
+    assert "class 2, the rarest, has 60" in message and "short: classes 0, 2" in message
+    assert "largest allowed value is 15 = 60 // 4" in message
+
+
 def test_skew_that_empties_a_class_on_a_client_is_an_error():
     labels = labels_with([100, 100])
     with pytest.raises(ConfigError) as err:

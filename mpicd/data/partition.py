@@ -77,14 +77,15 @@ def make_partition(
             "clients", f"class {c} has {counts[c]} training images, fewer than one per client for {num_clients} clients"
         )
     base = largest if images_per_class is None else images_per_class
-    for c in range(num_classes):
-        if base * num_clients > counts[c]:
-            raise ConfigError(
-                "data.images_per_class",
-                f"{base} per client x {num_clients} clients needs "
-                f"{base * num_clients} images of class {c}, which has {counts[c]} in the "
-                f"training split; the largest allowed value is {largest}",
-            )
+    if base * num_clients > counts.min():  # name the class that sets the limit: the rarest one
+        c = int(counts.argmin())
+        short = [int(k) for k in np.flatnonzero(counts < base * num_clients)]
+        raise ConfigError(
+            "data.images_per_class",
+            f"{base} per client x {num_clients} clients needs {base * num_clients} images of every "
+            f"class; class {c}, the rarest, has {counts[c]} in the training split (short: classes "
+            f"{', '.join(map(str, short))}); the largest allowed value is {largest} = {counts[c]} // {num_clients}",
+        )
     expertise = expertise_classes(num_clients, num_classes)
     loses = np.arange(num_classes)[None, :] != expertise[:, None]
     if skew_mode == "authors":
