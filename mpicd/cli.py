@@ -57,6 +57,13 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
         help="best-val: score each run at its round of highest validation minority accuracy (ties -> earliest)",
     )
     report.add_argument(
+        "--split",
+        choices=("test", "train"),
+        default="test",
+        help="train: score every metric on each client's own training images (runs made with "
+        "eval.train_split=true): the audit of scoring on training data, never a held-out score",
+    )
+    report.add_argument(
         "--include-incomplete",
         action="store_true",
         help="also report runs that stopped before their last round (excluded and listed by default)",
@@ -353,7 +360,9 @@ def report(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     last = args.last or 1
     try:
-        runs, notes = rep.collect(args.files, last, args.select, args.include_incomplete)
+        runs, notes = rep.collect(args.files, last, args.select, args.include_incomplete, args.split)
+        if args.split == "train":
+            notes.insert(0, "scored on each client's own TRAINING images (--split train): an audit, not held-out")
         if not runs:
             raise rep.ReportError("no run left to report: " + "; ".join(notes) + " (--include-incomplete reports them)")
         cells = rep.group(runs)

@@ -154,9 +154,10 @@ class Client:
         return EpochLoss((total_ce + total_extra) / seen, total_ce / seen, total_extra / seen)
 
     def evaluate(self, split: str = "test") -> Scores:
-        """Metrics on a held-out split (``test`` or ``val``), predicting as the algorithm says."""
+        """Metrics on a held-out split (``test`` or ``val``), predicting as the algorithm says; ``train``:
+        on the images this rank trains on (eval.train_split, a memorisation audit; no random stream drawn)."""
         self.model.eval()
-        x, y = self.eval_sets[split]
+        x, y = (self.train_x, self.train_y.cpu().numpy()) if split == "train" else self.eval_sets[split]
         batch = self.plan.config.train.eval_batch_size
         with torch.no_grad():  # one device-to-host copy per split, not one per batch
             predictions = (

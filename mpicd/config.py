@@ -157,6 +157,12 @@ class EvalConfig:
         doc="evaluate on the test and validation splits every N rounds and after the last one; "
         "the rounds in between hold NaN metrics and the report scores evaluated rounds only",
     )
+    train_split: bool = spec(
+        False,
+        doc="an audit, not a score: also evaluate every client on its own training images (centralized: the "
+        "union) in the same rounds, into /metrics/train_acc, train_balanced_acc, train_minority_acc, "
+        "train_recall (NaN when false); changes nothing that is trained",
+    )
 
 
 @dataclass

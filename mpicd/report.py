@@ -29,6 +29,12 @@ from .config import OPERATIONAL_KEYS, with_added_keys
 from .results import Results, ResultsFileError
 
 SCORES = ("minority_acc", "balanced_acc", "test_acc")
+# --split train: the same scores read from each client's own training images (eval.train_split),
+# the paper's suspected scoring; an audit of memorisation, never a held-out score
+SPLITS = {
+    "test": {m: m for m in SCORES},
+    "train": {"minority_acc": "train_minority_acc", "balanced_acc": "train_balanced_acc", "test_acc": "train_acc"},
+}
 SELECT_METRIC = "val_minority_acc"
 
 OPERATIONAL = ("seed", *OPERATIONAL_KEYS)
@@ -122,20 +128,30 @@ def _planned(res: Results) -> int:
     return int(res.attrs["rounds"]) if "rounds" in res.attrs else int(config.get("rounds", res.completed_rounds))
 
 
-def summarize(source: str | Path | Results, last: int = 1, select: str = "last") -> RunSummary:
-    """Read one results file (or take it read) and score it (see the module docstring)."""
+def summarize(source: str | Path | Results, last: int = 1, select: str = "last", split: str = "test") -> RunSummary:
+    """Read one results file (or take it read) and score it (see the module docstring); ``split``
+    "train" scores the training-split audit metrics under the same names."""
     res = source if isinstance(source, Results) else Results(source)
     path = res.path
+    names = SPLITS[split]
     if not isinstance(res.config, dict) or "algorithm" not in res.config:
         raise ReportError(f"{path}: the attr config holds no resolved config (no algorithm section)")
     if res.completed_rounds == 0:
         raise ReportError(f"{path}: no completed round")
-    absent = [f"/metrics/{m}" for m in (*SCORES, "bytes_sent", "bytes_recv") if m not in res.metrics]
+    absent = [
+        f"/metrics/{names.get(m, m)}"
+        for m in (*SCORES, "bytes_sent", "bytes_recv")
+        if names.get(m, m) not in res.metrics
+    ]
     if absent:
         raise ReportError(f"{path}: no {', '.join(absent)}")
-    curves = {m: res.metrics[m].mean(axis=1) for m in SCORES}
+    curves = {m: res.metrics[names[m]].mean(axis=1) for m in SCORES}
     # evaluated rounds: every client has test metrics (eval.every leaves the others NaN)
-    evaluated = np.flatnonzero(~np.isnan(res.metrics["minority_acc"]).any(axis=1))
+    evaluated = np.flatnonzero(~np.isnan(res.metrics[names["minority_acc"]]).any(axis=1))
+    if len(evaluated) == 0 and split == "train":
+        raise ReportError(
+            f"{path}: no training-split scores (--split train needs runs made with eval.train_split=true)"
+        )
     if len(evaluated) == 0:
         raise ReportError(f"{path}: no evaluated round among the {res.completed_rounds} completed")
     selected = None
@@ -176,7 +192,11 @@ def summarize(source: str | Path | Results, last: int = 1, select: str = "last")
 
 
 def collect(
-    paths: Iterable[str | Path], last: int = 1, select: str = "last", include_incomplete: bool = False
+    paths: Iterable[str | Path],
+    last: int = 1,
+    select: str = "last",
+    include_incomplete: bool = False,
+    split: str = "test",
 ) -> tuple[list[RunSummary], list[str]]:
     """Score every file; returns (runs kept, one line per incomplete run excluded or included)."""
     kept, notes = [], []
@@ -194,7 +214,7 @@ def collect(
                 continue
             notes.append(f"included although incomplete: {path} ({res.completed_rounds}/{planned} rounds)")
         try:
-            kept.append(summarize(res, last, select))
+            kept.append(summarize(res, last, select, split))
         except ReportError:
             raise
         except (KeyError, ValueError, TypeError, IndexError, AttributeError) as err:  # a foreign layout

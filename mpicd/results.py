@@ -16,7 +16,11 @@ Layout (a contract the report and later tools rely on):
                             extra term), test_acc, balanced_acc, minority_acc (held-out test
                             split), val_acc, val_balanced_acc, val_minority_acc (validation
                             split: for choosing hyper-parameters and rounds; NaN in rounds
-                            that eval.every skips), comm_seconds
+                            that eval.every skips), train_acc, train_balanced_acc,
+                            train_minority_acc (the TRAINING split: each client's own
+                            training images, centralized the union, an audit of memorisation,
+                            not a held-out score; NaN unless eval.train_split: true, and in
+                            rounds that eval.every skips), comm_seconds
                             (inside MPI calls, waiting included), compute_seconds (the rest of
                             the round), train_seconds (hooks + local epochs, minus comm),
                             eval_seconds, write_seconds (this rank's collective write of the
@@ -24,7 +28,8 @@ Layout (a contract the report and later tools rely on):
                             one at close: NaN for a round a crash interrupted)
     /metrics/skipped        (rounds, clients) int64: 1 where on_nonfinite=skip dropped the update
     /metrics/bytes_sent     (rounds, clients) int64, and bytes_recv
-    /metrics/recall         (rounds, clients, classes) float64 on the test split; val_recall
+    /metrics/recall         (rounds, clients, classes) float64 on the test split; val_recall,
+                            train_recall (the training split, as train_acc)
     /comm/bytes_sent        (rounds, clients, kinds) int64 by kind of operation (attr kinds), and bytes_recv
     /comm/teacher           (rounds, clients) int64: the client each one learned from, -1 if none
     /comm/outside_rounds    (clients, 2) int64: bytes sent, received outside any round (start-up
@@ -75,6 +80,7 @@ class RoundRow:
     train_seconds: float = float("nan")  # the algorithm's hooks and local epochs, minus comm_seconds
     eval_seconds: float = float("nan")  # evaluation on the test and validation splits
     skipped: int = 0  # 1: this client's update was dropped (on_nonfinite: skip)
+    train: Any = None  # client.Scores on its own training split (eval.train_split), or None
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,10 @@ def columns(num_classes: int) -> list[Column]:
         Column("metrics/val_balanced_acc", "f8", (), _score("val", "balanced_acc")),
         Column("metrics/val_minority_acc", "f8", (), _score("val", "minority_acc")),
         Column("metrics/val_recall", "f8", c, _score("val", "recall", num_classes)),
+        Column("metrics/train_acc", "f8", (), _score("train", "acc")),
+        Column("metrics/train_balanced_acc", "f8", (), _score("train", "balanced_acc")),
+        Column("metrics/train_minority_acc", "f8", (), _score("train", "minority_acc")),
+        Column("metrics/train_recall", "f8", c, _score("train", "recall", num_classes)),
         Column("metrics/comm_seconds", "f8", (), lambda row: row.traffic.seconds),
         Column("metrics/compute_seconds", "f8", (), lambda row: row.compute_seconds),
         Column("metrics/train_seconds", "f8", (), lambda row: row.train_seconds),

@@ -26,6 +26,7 @@ import yaml
 
 HELD_OUT = ("test_acc", "balanced_acc", "minority_acc")
 VALIDATION = ("val_acc", "val_balanced_acc", "val_minority_acc")
+TRAINING = ("train_acc", "train_balanced_acc", "train_minority_acc")  # eval.train_split: true only
 
 
 @dataclass
@@ -100,6 +101,16 @@ def _metrics(verdict: Verdict, res, config: dict, rounds: int, done: int) -> Non
     every = int((config.get("eval") or {}).get("every", 1) or 1)
     evaluated = np.array([(r + 1) % every == 0 or r + 1 == rounds for r in range(done)], dtype=bool)
     names = HELD_OUT + (VALIDATION if res.attrs.get("val_split", "none") != "none" else ())
+    if (config.get("eval") or {}).get("train_split") is True:
+        names += TRAINING
+    else:  # off (or a file older than the key): NaN wherever present
+        for name in TRAINING:
+            values = res.metrics.get(name)
+            if values is not None and np.isfinite(values).any():
+                rows = np.nonzero(np.isfinite(values).any(axis=1))[0]
+                verdict.problems.append(
+                    f"/metrics/{name} holds values without eval.train_split in rounds {_rounds_text(rows)}"
+                )
     for name in names:
         values = res.metrics.get(name)
         if values is None:
@@ -169,7 +180,7 @@ def _bytes(verdict: Verdict, res, config: dict, attrs: dict, clients: int, done:
         relaxed = skipped is not None and bool(skipped[r].any())
         for c in range(clients):
             students = int((res.teacher[r] == c).sum())
-            declared = cls.bytes_per_round(sizes, params, students) if clients > 1 else {}
+            declared = cls.bytes_per_round(sizes, params, students)  # N = 1 handled by each algorithm
             for k, kind in enumerate(res.kinds):
                 want = declared.get(kind, (0, 0))
                 got = (int(res.bytes_sent_by_kind[r, c, k]), int(res.bytes_recv_by_kind[r, c, k]))

@@ -33,7 +33,7 @@ from conftest import mpicd_cli, mpiexec
 
 @dataclass(frozen=True)
 class Key:
-    """One setting as the README describes it: kind int | float | str | choice | list; bounds; null allowed."""
+    """One setting as the README describes it: kind int | float | str | choice | bool | list; bounds; null allowed."""
 
     kind: str
     lo: float | None = None  # lower bound
@@ -76,6 +76,7 @@ KEYS = {
     "train.optimizer_state": Key("choice", choices=("keep", "reset")),
     "train.loss": Key("choice", choices=("ce", "balanced")),
     "eval.every": Key("int", 1),
+    "eval.train_split": Key("bool"),
     "checkpoint.every": Key("int", 0),
     "debug.fail_rank": Key("int", 0, optional=True),
     "debug.fail_round": Key("int", 0),
@@ -195,6 +196,8 @@ def bad_value(name: str) -> st.SearchStrategy:
     if key.kind == "choice":
         text = st.text(string.printable, max_size=12).filter(lambda s: s not in key.choices)
         return text | other_types("text")
+    if key.kind == "bool":  # true | false only: no 0/1, no "yes"
+        return other_types("bool", *null)
     if key.kind == "list":  # data.classes: breast_cancer takes no class list, and a list must hold strings
         return st.lists(st.text(string.ascii_letters, max_size=4), max_size=3) | other_types("null")
     raise AssertionError(name)

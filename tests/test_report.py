@@ -494,3 +494,24 @@ def test_report_command_on_real_runs(tmp_path):
     assert f"| codistill | {mean:.3f} ± {sd:.3f} | – |" in best.stdout
     missing = mpicd_cli("report", str(tmp_path / "nope.h5"))
     assert missing.returncode == 2 and "nope.h5" in missing.stderr
+
+
+def test_split_train_scores_the_training_split_audit_and_refuses_files_without_it(tmp_path):
+    audited, plain = tmp_path / "audited.h5", tmp_path / "plain.h5"
+    mpicd_run(2, QUICKSTART, audited, "clients=2", "rounds=2", "eval.train_split=true")
+    mpicd_run(2, QUICKSTART, plain, "clients=2", "rounds=2")
+    with h5py.File(audited, "r") as f:  # expected: the last round's mean over clients, read raw
+        train = {m: float(f[f"metrics/train_{m}"][1].mean()) for m in ("minority_acc", "balanced_acc", "acc")}
+        test = float(f["metrics/minority_acc"][1].mean())
+    assert train["minority_acc"] != test  # otherwise the test could not tell the splits apart
+    for split, expected in (("train", train["minority_acc"]), ("test", test)):
+        out = tmp_path / f"{split}.csv"
+        result = mpicd_cli("report", str(audited), "--split", split, "--csv", str(out))
+        assert result.returncode == 0, result.stderr
+        (row,) = list(csv.DictReader(out.open()))
+        assert float(row["minority_acc_mean"]) == pytest.approx(expected, abs=1e-9)
+        assert ("TRAINING images" in result.stdout) == (split == "train")
+    (row,) = list(csv.DictReader((tmp_path / "train.csv").open()))
+    assert float(row["test_acc_mean"]) == pytest.approx(train["acc"], abs=1e-9)
+    refused = mpicd_cli("report", str(plain), "--split", "train")
+    assert refused.returncode == 2 and "eval.train_split=true" in refused.stderr and "plain.h5" in refused.stderr
