@@ -443,22 +443,29 @@ def batch_layout(n: int, batch_size: int) -> str:
 
 
 def partition_table(plan) -> str:
-    """Per client: expertise class, training images per class, held-out images per class, batches."""
+    """Per client: expertise class, training images per class, held-out images per class, batches,
+    and the optimizer steps of the whole run (a run of a few dozen steps cannot be expected to learn)."""
     names = plan.dataset.class_names
     test_counts = [int((plan.dataset.test.y == c).sum()) for c in range(plan.dataset.num_classes)]
     union = plan.algorithm_cls.trains_on_union
-    header = ["client", "expertise"] + [f"train:{n}" for n in names] + [f"test:{n}" for n in names] + ["batches/epoch"]
+    from .client import batch_bounds
+
+    cfg = plan.config
+    header = ["client", "expertise"] + [f"train:{n}" for n in names] + [f"test:{n}" for n in names]
+    header += ["batches/epoch", "optimizer steps"]
+    sizes = [
+        int(plan.partition.train_counts.sum() if union else plan.partition.train_counts[i].sum())
+        for i in range(cfg.clients)
+    ]
     rows = [
         [str(i), names[int(plan.partition.expertise[i])]]
         + [str(int(v)) for v in plan.partition.train_counts[i]]
         + [str(v) for v in test_counts]
         + [
-            batch_layout(
-                int(plan.partition.train_counts.sum() if union else plan.partition.train_counts[i].sum()),
-                plan.config.train.batch_size,
-            )
+            batch_layout(sizes[i], cfg.train.batch_size),
+            f"{len(batch_bounds(sizes[i], cfg.train.batch_size)) * cfg.train.local_epochs * cfg.rounds:,d}",
         ]
-        for i in range(plan.config.clients)
+        for i in range(cfg.clients)
     ]
     widths = [max(len(r[j]) for r in [header, *rows]) for j in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in [header, *rows]]
@@ -468,6 +475,10 @@ def partition_table(plan) -> str:
     if getattr(plan.dataset, "val_split", None):
         lines.append(f"validation set: {plan.dataset.val_split}; no client trains on it")
     lines.append("a trailing minibatch of one image is merged into the one before it")
+    lines.append(
+        f"optimizer steps: batches per epoch x {cfg.train.local_epochs} local epoch(s) x {cfg.rounds} rounds, "
+        "for the whole run"
+    )
     return "\n".join(lines)
 
 

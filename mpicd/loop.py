@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import yaml
 
-from . import __version__, checkpoint, signals, startpoint
+from . import __version__, checkpoint, degenerate, signals, startpoint
 from .algorithms import Sizes
 from .client import Client
 from .faults import FaultInjector
@@ -320,7 +320,7 @@ def _rounds(
     from .sweep import duration
 
     cfg, ledger, every = plan.config, comm.ledger, plan.config.checkpoint.every
-    began = time.perf_counter()
+    began, one_class = time.perf_counter(), []  # one_class: per evaluated round, a one-hot test recall
     for r in range(start, cfg.rounds):
         started = time.perf_counter()
         ledger.begin_round()
@@ -335,11 +335,16 @@ def _rounds(
         if (r + 1) % cfg.eval.every == 0 or r + 1 == cfg.rounds:
             watchdog.phase = "evaluating"
             test = client.evaluate("test")
+            one_class.append(bool(degenerate.one_hot(test.recall)))
             val = client.evaluate("val") if "val" in client.eval_sets else None
             own = client.evaluate("train") if cfg.eval.train_split else None  # audit: its own training images
         traffic = ledger.end_round()
         finished = time.perf_counter()
         elapsed = finished - started
+        diag = None
+        if cfg.eval.diagnostics:  # after end_round: the probe features count outside rounds
+            watchdog.phase = "diagnostics (eval.diagnostics)"
+            diag = client.round_diagnostics(r)
         watchdog.phase = "writing the results row"
         writer.write_round(
             r,
@@ -354,6 +359,7 @@ def _rounds(
                 train_seconds=trained - started - traffic.seconds,
                 eval_seconds=finished - trained,
                 skipped=int(guard.dropped),
+                diag=diag,
             ),
         )
         # Progress line and stop agreement: a small Allreduce outside the round's ledger row.
@@ -395,11 +401,24 @@ def _rounds(
             return Outcome(r + 1, True, interrupted)
         watchdog.end_round()
         comm.round_index = None
+    _warn_single_class(comm, writer, one_class, log)
     if stop_requested() >= signals.INTERRUPTED:  # interrupted in the last round: it ends normally
         getattr(stop_requested, "done", threading.Event()).set()
     _remove_checkpoints(comm, checkpoint.folder_for(out), run_id)
     writer.close()  # only on success: a failing rank aborts the job instead (see ResultsWriter.close)
     return Outcome(cfg.rounds, False)
+
+
+def _warn_single_class(comm, writer, one_class: list[bool], log) -> None:
+    """After the last round (outside rounds: one Allreduce of a flag per client): record and warn
+    about clients that predicted a single class in their last evaluated rounds (mpicd.degenerate)."""
+    last = min(degenerate.LAST_ROUNDS, len(one_class))
+    mine = np.zeros(comm.size, dtype=np.int64)
+    mine[comm.rank] = int(last > 0 and all(one_class[-last:]))
+    flagged = [int(c) for c in np.flatnonzero(comm.allreduce_sum(mine))]
+    writer.set_attr("single_class_clients", np.array(flagged, dtype=np.int64))
+    if flagged and comm.rank == 0:
+        log(f"mpicd: warning: {degenerate.warning(flagged, comm.size, last)}")
 
 
 def _remove_checkpoints(comm, folder: Path, run_id: str) -> None:

@@ -25,10 +25,12 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from . import degenerate
 from .config import OPERATIONAL_KEYS, with_added_keys
 from .results import Results, ResultsFileError
 
 SCORES = ("minority_acc", "balanced_acc", "test_acc")
+DEGENERATE = "degenerate (every client predicts one class: no verdict)"
 # --split train: the same scores read from each client's own training images (eval.train_split),
 # the paper's suspected scoring; an audit of memorisation, never a held-out score
 SPLITS = {
@@ -121,6 +123,13 @@ class RunSummary:
     curves: dict  # metric -> (completed rounds,) mean over clients
     headline: dict  # dataset, clients, images_per_class as the run resolved them
     selected_round: int | None = None  # 0-based, with select="best-val"
+    single_class: tuple[int, ...] = ()  # clients that predicted one class for the whole split (mpicd.degenerate)
+    clients: int = 0
+
+    @property
+    def collapsed(self) -> bool:
+        """Every client predicted a single class: the run's scores carry no comparison."""
+        return bool(self.clients) and len(self.single_class) == self.clients
 
 
 def _planned(res: Results) -> int:
@@ -172,6 +181,10 @@ def summarize(source: str | Path | Results, last: int = 1, select: str = "last",
         raise ValueError(f"unknown selection rule {select!r}")
     attrs, data = res.attrs, res.config.get("data", {})
     moved = (res.metrics["bytes_sent"] + res.metrics["bytes_recv"]) / 2
+    recall = res.metrics.get("train_recall" if split == "train" else "recall")
+    single = (
+        tuple(degenerate.single_class_clients(recall, evaluated[evaluated <= window[-1]])) if recall is not None else ()
+    )
     headline = {
         "dataset": str(attrs.get("dataset", data.get("name"))),
         "clients": int(attrs.get("clients", res.config.get("clients"))),
@@ -188,6 +201,8 @@ def summarize(source: str | Path | Results, last: int = 1, select: str = "last",
         curves,
         headline,
         selected,
+        single,
+        int(res.metrics["minority_acc"].shape[1]),
     )
 
 
@@ -215,6 +230,11 @@ def collect(
             notes.append(f"included although incomplete: {path} ({res.completed_rounds}/{planned} rounds)")
         try:
             kept.append(summarize(res, last, select, split))
+            if kept[-1].single_class:
+                notes.append(
+                    f"warning: {path}: "
+                    + degenerate.warning(list(kept[-1].single_class), kept[-1].clients, degenerate.LAST_ROUNDS)
+                )
         except ReportError:
             raise
         except (KeyError, ValueError, TypeError, IndexError, AttributeError) as err:  # a foreign layout
@@ -441,6 +461,7 @@ class Paired:
     diffs: list[float]  # method - reference, per shared seed
     interval: tuple[float, float] | None
     seeds: list[int]  # the seeds of ``diffs``, in the same order
+    collapsed: bool = False  # one of the two cells is made only of runs where every client predicts one class
 
     @property
     def mean(self) -> float | None:
@@ -448,6 +469,8 @@ class Paired:
 
     @property
     def verdict(self) -> str:
+        if self.collapsed:
+            return DEGENERATE
         if self.interval is None:
             return MISSING
         lo, hi = self.interval
@@ -476,7 +499,8 @@ def versus(cells: dict[Cell, list[RunSummary]], reference: str, metric: str = "m
                 half = t_quantile(0.975, len(diffs) - 1) * np.std(diffs, ddof=1) / math.sqrt(len(diffs))
                 interval = (float(np.mean(diffs) - half), float(np.mean(diffs) + half))
             label = _label(ref, keys) if ref else reference
-            out.append(Paired(_label(cell, keys), label, cell, diffs, interval, [r.seed for r in shared]))
+            collapsed = all(r.collapsed for r in runs) or bool(ref and all(r.collapsed for r in cells[ref]))
+            out.append(Paired(_label(cell, keys), label, cell, diffs, interval, [r.seed for r in shared], collapsed))
     return out
 
 

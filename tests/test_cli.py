@@ -220,3 +220,15 @@ def test_workstation_sweep_prints_progress(tmp_path):
     took, _, left = re.fullmatch(patterns[1], lines[1]).groups()
     assert took == left  # one run ended, one to go: the estimate is that run's time
     assert "failed runs: 1" in result.stderr
+
+
+def test_check_prints_each_clients_optimizer_steps_for_the_whole_run():
+    # quick start: 37 + 14 = 51 training images per client; batches of 10 -> 10,10,10,10,11 (the
+    # trailing single image joins the last batch): 5 steps an epoch, x 3 epochs x 7 rounds = 105
+    result = mpicd_cli("check", str(QUICKSTART), "rounds=7", "train.local_epochs=3", "train.batch_size=10")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["client", "expertise"])
+    assert lines[header].rstrip().endswith("optimizer steps")
+    for row in lines[header + 1 : header + 5]:
+        assert row.split()[-1] == "105" and "4x10 + 1x11" in row, row

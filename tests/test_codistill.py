@@ -79,6 +79,8 @@ def test_results_file_holds_the_contract(run):
         "k": "all",
         "teacher_per": "round",
         "classes": "expertise",
+        "share": "features",
+        "term_mean": "matching",
     }
     assert res.config["train"]["lr"] == 0.001 and res.config["clients"] == ranks
     assert "torch" in res.attrs["versions"] and res.attrs["num_parameters"] > 0
