@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import metrics, optim, seeds
+from . import diagnostics, metrics, optim, seeds
 from .algorithms import Batch, Context
 from .models import build_model
 from .plan import Plan
@@ -78,6 +78,9 @@ class Client:
             balanced_weights(self.train_y, plan.dataset.num_classes) if cfg.train.loss == "balanced" else None
         )
         self.expertise_class = int(plan.partition.expertise[rank])
+        self.diagnose = bool(cfg.eval.diagnostics)  # eval.diagnostics: measured in train_round, see round_diagnostics
+        self._grad_share: diagnostics.GradShare | None = None
+        self._r_distance = math.nan
         self.algorithm = plan.algorithm_cls(
             plan.algorithm_params,
             Context(
@@ -103,6 +106,9 @@ class Client:
         if guard is not None:
             guard.check_model("at the start of the round")
         self.algorithm.before_epoch(round_index)
+        self._grad_share, self._r_distance = None, math.nan
+        if self.diagnose:  # eval mode, no gradient, no random stream: training is untouched
+            self._r_distance = self._distance_to_reference()
         loss = EpochLoss(math.nan, math.nan, math.nan)
         if guard is None or not guard.dropped:
             try:
@@ -124,6 +130,7 @@ class Client:
         if cfg.train.optimizer_state == "reset":
             self.optimizer.reset()  # a fresh optimizer for this round's local training
         total_ce, total_extra, seen = 0.0, 0.0, 0
+        shares = self._grad_share = diagnostics.GradShare(model.parameters()) if self.diagnose else None
         for epoch in range(cfg.train.local_epochs):
             order = torch.from_numpy(  # on the data's device once per epoch: no host copy per batch
                 seeds.rng(cfg.seed, seeds.SHUFFLE, self.comm.rank, round_index, epoch).permutation(len(self.train_y))
@@ -143,6 +150,8 @@ class Client:
                         f"{float(ce.detach())}, {algorithm.name} term "
                         f"{'none' if extra is None else float(extra.detach())})"
                     )
+                if shares is not None:  # separate autograd.grad calls: nothing lands in .grad
+                    shares.add(ce, extra)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 self.optimizer.step()
@@ -152,6 +161,37 @@ class Client:
                 seen += len(y)
         seen = max(seen, 1)
         return EpochLoss((total_ce + total_extra) / seen, total_ce / seen, total_extra / seen)
+
+    def _distance_to_reference(self) -> float:
+        """r_distance: ||m - R|| / ||R||, m this client's own eval-mode class means of the classes the
+        received R describes (all its training images of each); NaN without an R."""
+        reference = getattr(self.algorithm, "reference", lambda: None)()
+        if reference is None:
+            return math.nan
+        classes, received, outputs = reference
+        own = diagnostics.class_means(outputs, self.model, self.train_x, self.train_y, classes)
+        return diagnostics.relative_distance(own, received.cpu().numpy())
+
+    def round_diagnostics(self, round_index: int) -> diagnostics.Diagnostics:
+        """After the round's ledger row is closed (collective over the round's teacher pairs): the
+        grad share and r_distance measured in :meth:`train_round`, and linear CKA with the teacher's
+        probe features, which each rank sends to its students with Isend/Irecv + Waitall
+        (:meth:`mpicd.comm.Comm.exchange`: counted outside rounds)."""
+        cka = math.nan
+        teachers = getattr(self.algorithm, "round_teachers", lambda: None)()
+        rank = self.comm.rank
+        if teachers is not None and len(teachers) > 1:
+            _, probe = diagnostics.probe_set(self.eval_sets)
+            mine = np.ascontiguousarray(
+                diagnostics.eval_outputs(self.model.features, self.model, probe).cpu().numpy(), dtype=np.float32
+            )
+            teacher = int(teachers[rank])
+            theirs = np.empty_like(mine)
+            students = [int(s) for s in np.flatnonzero(teachers == rank)]
+            self.comm.exchange([(s, mine) for s in students], [(teacher, theirs)], tag=(round_index + 16384) % 32768)
+            cka = diagnostics.linear_cka(mine, theirs)
+        share = self._grad_share.value() if self._grad_share is not None else math.nan
+        return diagnostics.Diagnostics(term_grad_share=share, r_distance=self._r_distance, cka_teacher=cka)
 
     def evaluate(self, split: str = "test") -> Scores:
         """Metrics on a held-out split (``test`` or ``val``), predicting as the algorithm says; ``train``:

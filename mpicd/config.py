@@ -163,6 +163,14 @@ class EvalConfig:
         "union) in the same rounds, into /metrics/train_acc, train_balanced_acc, train_minority_acc, "
         "train_recall (NaN when false); changes nothing that is trained",
     )
+    diagnostics: bool = spec(
+        False,
+        doc="an audit of the mechanism: per round and client, /diag/term_grad_share (the extra term's share of "
+        "the gradient norm), and for co-distillation /diag/r_distance (||m - R|| / ||R||, the student's own "
+        "class mean against the received R) and /diag/cka_teacher (linear CKA with the teacher's features on "
+        "64 validation images, sent after the round: bytes outside rounds); NaN when false; changes nothing "
+        "that is trained",
+    )
 
 
 @dataclass

@@ -33,7 +33,16 @@ Layout (a contract the report and later tools rely on):
     /comm/bytes_sent        (rounds, clients, kinds) int64 by kind of operation (attr kinds), and bytes_recv
     /comm/teacher           (rounds, clients) int64: the client each one learned from, -1 if none
     /comm/outside_rounds    (clients, 2) int64: bytes sent, received outside any round (start-up
-                            agreement, progress line, serial gather), written when the run ends
+                            agreement, progress line, serial gather, eval.diagnostics' probe
+                            features), written when the run ends
+    /diag/<name>            (rounds, clients) float64, NaN unless eval.diagnostics: true (and where
+                            undefined; mpicd.diagnostics): term_grad_share (||g_term|| / (||g_ce|| +
+                            ||g_term||), mean over the epoch's batches; NaN without an extra term;
+                            the loss share is train_extra / train_loss), r_distance (co-distillation:
+                            ||m - R|| / ||R||, the student's own eval-mode class mean at the start of
+                            the round against the received R), cka_teacher (co-distillation: linear
+                            CKA of student's and teacher's eval-mode features on the first 64
+                            validation images, test without a validation split, after training)
     /partition/train_counts (clients, classes), /partition/test_counts, /partition/expertise (clients,)
     /placement/host, device, cpu (clients,) fixed-length strings (cpu: the CPU's model name);
                             local_rank, threads (clients,) int64
@@ -81,6 +90,7 @@ class RoundRow:
     eval_seconds: float = float("nan")  # evaluation on the test and validation splits
     skipped: int = 0  # 1: this client's update was dropped (on_nonfinite: skip)
     train: Any = None  # client.Scores on its own training split (eval.train_split), or None
+    diag: Any = None  # mpicd.diagnostics.Diagnostics (eval.diagnostics), or None: NaN in /diag
 
 
 @dataclass(frozen=True)
@@ -132,7 +142,14 @@ def columns(num_classes: int) -> list[Column]:
         Column("comm/bytes_sent", "i8", k, lambda row: [row.traffic.bytes_sent[n] for n in KINDS]),
         Column("comm/bytes_recv", "i8", k, lambda row: [row.traffic.bytes_recv[n] for n in KINDS]),
         Column("comm/teacher", "i8", (), lambda row: row.teacher),
+        Column("diag/term_grad_share", "f8", (), _diag("term_grad_share")),
+        Column("diag/r_distance", "f8", (), _diag("r_distance")),
+        Column("diag/cka_teacher", "f8", (), _diag("cka_teacher")),
     ]
+
+
+def _diag(name: str) -> Callable[[RoundRow], Any]:
+    return lambda row: np.nan if row.diag is None else getattr(row.diag, name)
 
 
 def pack(values: list[np.ndarray]) -> np.ndarray:
@@ -172,6 +189,7 @@ class ResultsWriter:
         resume_at: int | None = None,
     ):
         self.comm = comm
+        self.rounds = rounds
         self.cols = columns(num_classes)
         self._pending_write: tuple[int, float] | None = None  # (round, seconds) of the last write
         self.on_write: Callable[[], None] | None = None  # called inside write_round, before the writes
@@ -292,8 +310,11 @@ class ResultsWriter:
                 self._put(col.path, (round_index,), {rank: vals[i] for rank, vals in per_rank.items()})
             if previous:
                 self._put("metrics/write_seconds", (previous[0],), timing)
-            # modify writes the value in place: no window where the attribute is deleted
-            self.file.attrs.modify("completed_rounds", round_index + 1)
+            # modify writes the value in place: no window where the attribute is deleted. The last
+            # round is claimed by close(), after the bytes outside rounds: a job killed in between
+            # leaves a file that --resume finishes, never a "complete" one without them.
+            if round_index + 1 < self.rounds:
+                self.file.attrs.modify("completed_rounds", round_index + 1)
             self.file.flush()
         self._pending_write = (round_index, time.perf_counter() - started)
 
@@ -320,7 +341,8 @@ class ResultsWriter:
             self.file.flush()
 
     def close(self) -> None:
-        """Collective: record this rank's traffic outside rounds, then close the file.
+        """Collective: record this rank's traffic outside rounds, then close the file; after the
+        last round, only then (flushed first) does ``completed_rounds`` say that the run is complete.
 
         Call only on success or at an agreed stop; a failing rank must abort instead (a
         collective close would wait for ranks that are blocked elsewhere). The rounds already
@@ -334,6 +356,9 @@ class ResultsWriter:
             self._put("comm/outside_rounds", (), {rank: v[:2].astype(np.int64) for rank, v in rows.items()})
             if previous:
                 self._put("metrics/write_seconds", (previous[0],), {rank: v[2] for rank, v in rows.items()})
+            if previous and previous[0] + 1 == self.rounds:
+                self.file.flush()  # the data first, so the claim never precedes it on disk
+                self.file.attrs.modify("completed_rounds", self.rounds)
             self.file.close()
             self.file = None
 

@@ -77,6 +77,7 @@ KEYS = {
     "train.loss": Key("choice", choices=("ce", "balanced")),
     "eval.every": Key("int", 1),
     "eval.train_split": Key("bool"),
+    "eval.diagnostics": Key("bool"),
     "checkpoint.every": Key("int", 0),
     "debug.fail_rank": Key("int", 0, optional=True),
     "debug.fail_round": Key("int", 0),

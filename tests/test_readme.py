@@ -30,8 +30,8 @@ def test_every_key_the_loader_accepts_is_in_the_tables():
     tables = readme_tables()
     keys = set(dotted({k: v for k, v in to_mapping(Config()).items() if k != "algorithm"}))
     # 26 + on_nonfinite, debug.fail_{rank,round,kind,at}, timeout.round_seconds, eval.every,
-    # data.label_map, train.optimizer_state, train.loss, eval.train_split
-    assert len(keys) == 37
+    # data.label_map, train.optimizer_state, train.loss, eval.train_split, eval.diagnostics
+    assert len(keys) == 38
     for key in keys | {"algorithm.name"}:
         assert f"| `{key}` |" in tables, key
     for name, cls in REGISTRY.items():

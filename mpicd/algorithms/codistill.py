@@ -260,3 +260,19 @@ class CoDistillation(Algorithm):
 
     def teacher(self) -> int:
         return -1 if self.params.teacher_per == "batch" else int(self.teachers[self.ctx.rank])
+
+    def round_teachers(self) -> np.ndarray | None:
+        """eval.diagnostics: the round's shared assignment t(i) of every rank (-1 for a single
+        client), None when teachers are drawn per minibatch."""
+        return None if self.params.teacher_per == "batch" else self.teachers
+
+    def reference(self):
+        """eval.diagnostics: (classes, R, outputs) of the round's term, R the received (classes, width)
+        means and ``outputs`` the student's map they compare with (features, or the model for logits);
+        None when nothing was received or teachers are drawn per minibatch."""
+        if self.params.teacher_per == "batch" or not self.received:
+            return None
+        teacher = int(self.teachers[self.ctx.rank])
+        model = self.ctx.model
+        classes = self.shared_classes if self.params.classes == "all" else [int(self.ctx.expertise[teacher])]
+        return classes, self.received[teacher], model if self.params.share == "logits" else model.features
