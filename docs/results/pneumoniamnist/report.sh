@@ -1,47 +1,46 @@
 #!/usr/bin/env bash
-# Tables (Markdown and CSV) and plots of the study from its results files; run from anywhere.
+# pneumoniamnist's tables (Markdown and CSV) and plots from its results files (results/study/pneumoniamnist/); run from
+# anywhere. A stage without finished files yet is skipped and said so. For every stage: the cells
+# (last 10 rounds; best-validation round; the training-split audit, --split train), paired
+# comparisons by seed against codistill and local (minority and balanced accuracy, and on the
+# training split), then the mechanism diagnostics (../diagnostics.py). Fairness stages are reported
+# together with the main grid's skew 0.8 seeds 0-4 runs, their keep / matching / ce references.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's mpicd, not the venv's editable install
 here=docs/results/pneumoniamnist
-res=results/pneumoniamnist-study
+res=results/study/pneumoniamnist
 report() { .venv/bin/python -m mpicd report "$@"; }
-shopt -s nullglob # a stage not started yet has no files: report the others and say so
-main=("$res"/main-high/*.h5 "$res"/main-low/*.h5)
-if ((${#main[@]} == 0)); then
-  echo "report.sh: no results files under $res/main-high or $res/main-low; run run.sh first" >&2
-  exit 2
-fi
-{
-  echo "# Main grid: 4 clients, authors' LeNet5 + Adam, 150 images/class, 100 rounds"
-  echo; echo "## Score = mean of the last 10 rounds"; echo
-  report "${main[@]}" --last 10 --csv "$here/main-last10.csv" --plot "$here/minority-vs-skew.png" \
-    --plot-rounds "$here/minority-vs-round.png" --plot-bytes "$here/bytes-per-round.png"
-  echo; echo "## Score = test metrics at the round with the best validation minority accuracy"; echo
-  report "${main[@]}" --select best-val --csv "$here/main-bestval.csv"
-  for ref in local fedavg fedproto feddistill fedamp centralized; do
-    ran=("$res"/main-*/*_algorithm="${ref}"_*.h5)
-    if ((${#ran[@]} == 0)); then
-      echo "report.sh: no $ref runs yet: no paired differences against it" >&2
-      continue
-    fi
-    echo; echo "## Paired differences against $ref (last 10 rounds)"; echo
-    report "${main[@]}" --last 10 --versus "$ref" --versus-only --versus-csv "$here/main-versus-$ref.csv"
-  done
-} > "$here/main.md"
-for stage in cnn six-clients authors-skew; do
-  files=("$res/$stage"/*.h5)
-  if ((${#files[@]} == 0)); then
-    echo "report.sh: $stage skipped: no results files under $res/$stage yet" >&2
-    continue
-  fi
+shopt -s nullglob
+declare -A parts=([lowdata]=lowdata [main]="main-low main-high" [six]="six-low six-high six-clients"
+                  [fairness]="fairness-reset fairness-termmean fairness-balanced" [tune]=tune)
+for table in tune lowdata main six fairness; do
+  files=()
+  for stage in ${parts[$table]}; do files+=("$res/$stage"/*.h5); done
+  if ((${#files[@]} == 0)); then echo "report.sh: pneumoniamnist $table: no results files yet" >&2; continue; fi
+  if [ "$table" = fairness ]; then files+=("$res"/main-high/*_skew=0.8_seed=[0-4].h5); fi
+  out="$here/$table"
   {
-    echo "# $stage"; echo
-    report "${files[@]}" --last 10 --csv "$here/$stage.csv"
-    echo; echo "## Paired differences against local (last 10 rounds)"; echo
-    report "${files[@]}" --last 10 --versus local --versus-only --versus-csv "$here/$stage-versus-local.csv"
-    echo; echo "## Paired differences against codistill (last 10 rounds)"; echo
-    report "${files[@]}" --last 10 --versus codistill --versus-only --versus-csv "$here/$stage-versus-codistill.csv"
-  } > "$here/$stage.md"
+    echo "# pneumoniamnist, $table (${parts[$table]}); written by report.sh"
+    echo; echo "## Test split, mean of the last 10 rounds"; echo
+    report "${files[@]}" --last 10 --csv "$out-last10.csv" \
+      $( [ "$table" = main ] && echo --plot "$here/minority-vs-skew.png" --plot-rounds "$here/minority-vs-round.png" --plot-bytes "$here/bytes-per-round.png" )
+    if [ "$table" != tune ]; then  # tuning: choose.py reads validation only; its test table is for the record
+    echo; echo "## Test split, at each run's best-validation round"; echo
+    report "${files[@]}" --select best-val --csv "$out-bestval.csv"
+    echo; echo "## Training-split audit (eval.train_split; not a held-out score), last 10 rounds"; echo
+    report "${files[@]}" --split train --last 10 --csv "$out-train-last10.csv"
+    for ref in codistill local; do
+      for metric in minority_acc balanced_acc; do
+        echo; echo "## Paired by seed against $ref, $metric, test split, last 10 rounds"; echo
+        report "${files[@]}" --last 10 --versus $ref --versus-metric $metric --versus-only --versus-csv "$out-versus-$ref-$metric.csv" || echo "(no $ref runs yet)"
+      done
+      echo; echo "## Paired by seed against $ref, minority_acc, test split, best-validation round"; echo
+      report "${files[@]}" --select best-val --versus $ref --versus-only --versus-csv "$out-bestval-versus-$ref.csv" || echo "(no $ref runs yet)"
+      echo; echo "## Paired by seed against $ref, minority_acc, TRAINING split (audit), last 10 rounds"; echo
+      report "${files[@]}" --split train --last 10 --versus $ref --versus-only --versus-csv "$out-train-versus-$ref.csv" || echo "(no $ref runs yet)"
+    done
+    fi
+  } > "$out.md" || echo "report.sh: pneumoniamnist $table: mpicd report failed, see $out.md" >&2
 done
-.venv/bin/python "$here/verdict.py" # codistill minus each method: verdict.md, verdict.csv
-echo "written: $here/{main,cnn,six-clients,authors-skew,verdict}.md, *.csv (cells, *-versus-*: paired comparisons), *.png"
+.venv/bin/python docs/results/diagnostics.py pneumoniamnist || true

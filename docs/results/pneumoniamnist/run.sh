@@ -1,19 +1,16 @@
 #!/usr/bin/env bash
-# The whole PneumoniaMNIST study, from the project root's point of view; resumable: every stage is
-# a sweep run by `mpicd pack` (one MPI job per stage, runs one after another, finished runs
-# skipped, an interrupted run resumes from its checkpoint). Stop it any time and start it again.
-#   bash docs/results/pneumoniamnist/run.sh            # about 6-7 hours on a 2-core CPU box
-#   nice -n 19 bash docs/results/pneumoniamnist/run.sh # in the background while you work
+# pneumoniamnist's stages of issue 18's study (../run.sh runs every dataset's stages in the study's order):
+#   bash docs/results/pneumoniamnist/run.sh STAGE...     # STAGE = a sweep file of this folder without .yaml
+# Each stage is one `mpicd pack` job (one MPI start-up; finished runs skipped; an interrupted run
+# resumes from its last checkpoint), so running it again resumes. Ranks = the sweep's clients.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's mpicd, not the venv's editable install
 here=docs/results/pneumoniamnist
-pack() { bash jobs/mpirun.sh "$1" pack "$here/$2"; }
-pack 4 tune.yaml                      # stage 1: lambda / k on validation, skew 0.8
-pack 4 tune-cnn.yaml                  # stage 1b: SGD learning rate for FedAvgCNN on validation
-.venv/bin/python "$here/choose.py"    # -> chosen.yaml and the sweep files below
-pack 4 main-high.yaml                 # stage 2: skew 0.6, 0.8, 0.9 x 10 seeds, 7 methods
-pack 4 main-low.yaml                  # stage 3: skew 0, 0.2, 0.4 x 5 seeds
-pack 4 cnn.yaml                       # stage 4: FedAvgCNN + SGD, skew 0.6 x 3 seeds
-pack 6 six-clients.yaml               # stage 5: 6 clients, skew 0.9 x 3 seeds
-pack 4 authors-skew.yaml              # stage 6: the authors' skew variant, skew 0.9 x 5 seeds
-bash "$here/report.sh"
+(( $# )) || { echo "usage: $0 STAGE... ($(cd "$here" && ls *.yaml | grep -v base | sed 's/.yaml$//' | tr '\n' ' '))" >&2; exit 2; }
+for stage in "$@"; do
+  sweep="$here/$stage.yaml"
+  ranks=$(.venv/bin/python -m mpicd sweep "$sweep" | awk '$2 == "ranks" && !n {print $3; n = 1}')
+  echo "== pneumoniamnist $stage: $ranks ranks ($(date -u +%FT%TZ))"
+  nice -n 19 bash jobs/mpirun.sh "$ranks" pack "$sweep"
+done

@@ -1,6 +1,6 @@
 """Where co-distillation wins, ties or loses: codistill minus each other method, paired by seed.
 
-    python docs/results/pneumoniamnist/verdict.py       # report.sh runs it
+    python docs/results/archive/pneumoniamnist-unofficial/verdict.py       # report.sh runs it
 
 For every stage (main = main-high + main-low, cnn, six-clients, authors-skew), both scoring rules
 (mean of the last 10 rounds; the round of best validation minority accuracy) and two scores
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
+ROOT = HERE.parents[3]
 sys.path.insert(0, str(ROOT))
 
 from mpicd.report import ReportError, collect, group, versus  # noqa: E402

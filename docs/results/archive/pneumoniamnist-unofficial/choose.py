@@ -1,6 +1,6 @@
 """Choose hyper-parameters on the validation split only, then write the study's sweep files.
 
-    python docs/results/pneumoniamnist/choose.py            # after tune.yaml and tune-cnn.yaml ran
+    python docs/results/archive/pneumoniamnist-unofficial/choose.py            # after tune.yaml and tune-cnn.yaml ran
 
 Score of a setting = mean over its seeds of the validation balanced accuracy (mean over clients,
 averaged over the last 10 rounds). Balanced accuracy, not minority accuracy: minority accuracy
@@ -18,7 +18,7 @@ import numpy as np
 import yaml
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2]))
+sys.path.insert(0, str(HERE.parents[3]))
 
 from mpicd.results import Results  # noqa: E402
 from mpicd.sweep import load_sweep  # noqa: E402
@@ -46,7 +46,7 @@ def scores(sweep: str, key) -> dict:
 def main() -> None:
     import os
 
-    os.chdir(HERE.parents[2])  # sweep output folders are relative to the project root
+    os.chdir(HERE.parents[3])  # sweep output folders are relative to the project root
     algo = scores(
         "tune.yaml",
         lambda run: yaml.safe_dump(yaml.safe_load(run.overrides[0].split("=", 1)[1]), default_flow_style=True).strip(),

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# breastmnist's tables (Markdown and CSV) and plots from its results files (results/study/breastmnist/); run from
+# anywhere. A stage without finished files yet is skipped and said so. For every stage: the cells
+# (last 10 rounds; best-validation round; the training-split audit, --split train), paired
+# comparisons by seed against codistill and local (minority and balanced accuracy, and on the
+# training split), then the mechanism diagnostics (../diagnostics.py). Fairness stages are reported
+# together with the main grid's skew 0.8 seeds 0-4 runs, their keep / matching / ce references.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's mpicd, not the venv's editable install
+here=docs/results/breastmnist
+res=results/study/breastmnist
+report() { .venv/bin/python -m mpicd report "$@"; }
+shopt -s nullglob
+declare -A parts=([lowdata]=lowdata [main]="main-low main-high" [six]="six-low six-high six-clients"
+                  [fairness]="fairness-reset fairness-termmean fairness-balanced" [tune]=tune)
+for table in tune lowdata main six fairness; do
+  files=()
+  for stage in ${parts[$table]}; do files+=("$res/$stage"/*.h5); done
+  if ((${#files[@]} == 0)); then echo "report.sh: breastmnist $table: no results files yet" >&2; continue; fi
+  if [ "$table" = fairness ]; then files+=("$res"/main-high/*_skew=0.8_seed=[0-4].h5); fi
+  out="$here/$table"
+  {
+    echo "# breastmnist, $table (${parts[$table]}); written by report.sh"
+    echo; echo "## Test split, mean of the last 10 rounds"; echo
+    report "${files[@]}" --last 10 --csv "$out-last10.csv" \
+      $( [ "$table" = main ] && echo --plot "$here/minority-vs-skew.png" --plot-rounds "$here/minority-vs-round.png" --plot-bytes "$here/bytes-per-round.png" )
+    if [ "$table" != tune ]; then  # tuning: choose.py reads validation only; its test table is for the record
+    echo; echo "## Test split, at each run's best-validation round"; echo
+    report "${files[@]}" --select best-val --csv "$out-bestval.csv"
+    echo; echo "## Training-split audit (eval.train_split; not a held-out score), last 10 rounds"; echo
+    report "${files[@]}" --split train --last 10 --csv "$out-train-last10.csv"
+    for ref in codistill local; do
+      for metric in minority_acc balanced_acc; do
+        echo; echo "## Paired by seed against $ref, $metric, test split, last 10 rounds"; echo
+        report "${files[@]}" --last 10 --versus $ref --versus-metric $metric --versus-only --versus-csv "$out-versus-$ref-$metric.csv" || echo "(no $ref runs yet)"
+      done
+      echo; echo "## Paired by seed against $ref, minority_acc, test split, best-validation round"; echo
+      report "${files[@]}" --select best-val --versus $ref --versus-only --versus-csv "$out-bestval-versus-$ref.csv" || echo "(no $ref runs yet)"
+      echo; echo "## Paired by seed against $ref, minority_acc, TRAINING split (audit), last 10 rounds"; echo
+      report "${files[@]}" --split train --last 10 --versus $ref --versus-only --versus-csv "$out-train-versus-$ref.csv" || echo "(no $ref runs yet)"
+    done
+    fi
+  } > "$out.md" || echo "report.sh: breastmnist $table: mpicd report failed, see $out.md" >&2
+done
+.venv/bin/python docs/results/diagnostics.py breastmnist || true

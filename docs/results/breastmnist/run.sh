@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# breastmnist's stages of issue 18's study (../run.sh runs every dataset's stages in the study's order):
+#   bash docs/results/breastmnist/run.sh STAGE...     # STAGE = a sweep file of this folder without .yaml
+# Each stage is one `mpicd pack` job (one MPI start-up; finished runs skipped; an interrupted run
+# resumes from its last checkpoint), so running it again resumes. Ranks = the sweep's clients.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's mpicd, not the venv's editable install
+here=docs/results/breastmnist
+(( $# )) || { echo "usage: $0 STAGE... ($(cd "$here" && ls *.yaml | grep -v base | sed 's/.yaml$//' | tr '\n' ' '))" >&2; exit 2; }
+for stage in "$@"; do
+  sweep="$here/$stage.yaml"
+  ranks=$(.venv/bin/python -m mpicd sweep "$sweep" | awk '$2 == "ranks" && !n {print $3; n = 1}')
+  echo "== breastmnist $stage: $ranks ranks ($(date -u +%FT%TZ))"
+  nice -n 19 bash jobs/mpirun.sh "$ranks" pack "$sweep"
+done

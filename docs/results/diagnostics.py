@@ -1,0 +1,124 @@
+"""The mechanism diagnostics (eval.diagnostics) of one dataset's study, per stage and cell.
+
+    python docs/results/diagnostics.py DATASET      # DATASET/report.sh runs it
+
+For every run: the mean over its last 10 completed rounds and over clients (NaN entries left out)
+of /diag/term_grad_share (the extra term's share of the gradient norm), /diag/r_distance
+(||m - R|| / ||R||, co-distillation: the student's own class mean against the R it received) and
+/diag/cka_teacher (linear CKA with its teacher's features on 64 validation images); then mean and
+sd over the seeds of each cell (a cell as in `mpicd report`: the config minus seed and operational
+keys). The share of the *loss* (train_extra / train_loss, from /metrics) is given beside it.
+Writes DATASET/diagnostics.md and DATASET/diagnostics.csv.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+import warnings
+from collections import defaultdict
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mpicd.report import Cell, _label, distinguishing  # noqa: E402
+from mpicd.results import Results  # noqa: E402
+
+LAST = 10
+DIAG = ("term_grad_share", "r_distance", "cka_teacher")
+STAGES = (
+    "lowdata",
+    "main-low",
+    "main-high",
+    "six-low",
+    "six-high",
+    "six-clients",
+    "fairness-reset",
+    "fairness-termmean",
+    "fairness-balanced",
+)
+
+
+def run_values(path: Path) -> tuple[Cell, int, dict[str, float]] | None:
+    res = Results(path)
+    done = res.completed_rounds
+    if done < int(res.attrs["rounds"]):
+        return None
+    lo = max(0, done - LAST)
+    with h5py.File(path, "r") as f, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN: the method has no such quantity
+        values = {k: float(np.nanmean(f[f"diag/{k}"][lo:done])) if f"diag/{k}" in f else float("nan") for k in DIAG}
+        extra = np.asarray(res.metrics["train_extra"][lo:done], dtype=float)
+        loss = np.asarray(res.metrics["train_loss"][lo:done], dtype=float)
+        values["loss_share"] = float(np.nanmean(extra / np.where(loss == 0, np.nan, loss)))
+    return Cell.of(res.config), int(res.config["seed"]), values
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    dataset = argv[0]
+    results = ROOT / "results" / "study" / dataset
+    lines = [
+        f"# {dataset}: mechanism diagnostics (eval.diagnostics), written by diagnostics.py",
+        "",
+        f"Per run: mean over the last {LAST} rounds and the clients; per cell: mean ± sd over seeds (n).",
+        "term_grad_share: ||g_term|| / (||g_ce|| + ||g_term||); loss_share: train_extra / train_loss;",
+        "r_distance: ||m - R|| / ||R|| (co-distillation); cka_teacher: linear CKA with the teacher (co-distillation).",
+        "Methods without an extra term (local, fedavg, centralized) have none of these: left out.",
+    ]
+    rows = []
+    for stage in STAGES:
+        paths = sorted((results / stage).glob("*.h5"))
+        if not paths:
+            continue
+        by_cell: dict[Cell, list[dict]] = defaultdict(list)
+        for p in paths:
+            got = run_values(p)
+            if got is not None:
+                by_cell[got[0]].append(got[2])
+        cells = [c for c in by_cell if c.method not in ("local", "fedavg", "centralized")]
+        if not cells:
+            continue
+        keys = distinguishing(list(by_cell))
+        lines += [
+            "",
+            f"## {stage}",
+            "",
+            "| cell | n | " + " | ".join((*DIAG, "loss_share")) + " |",
+            "|---|---|" + "---|" * (len(DIAG) + 1),
+        ]
+        for cell in sorted(cells, key=Cell.sort_key):
+            runs = by_cell[cell]
+            entry = {"stage": stage, "cell": _label(cell, keys), "n": len(runs)}
+            shown = []
+            for k in (*DIAG, "loss_share"):
+                v = np.array([r[k] for r in runs])
+                v = v[np.isfinite(v)]
+                mean, sd = (
+                    (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else float("nan")) if len(v) else (None, None)
+                )
+                entry[k], entry[k + "_sd"] = mean, sd
+                shown.append("–" if mean is None else f"{mean:.3f} ± {sd:.3f}")
+            rows.append(entry)
+            lines.append(f"| {entry['cell']} | {len(runs)} | " + " | ".join(shown) + " |")
+    if not rows:
+        print(f"diagnostics.py: {dataset}: no finished runs with an extra term yet under {results}", file=sys.stderr)
+        return 0
+    (HERE / dataset / "diagnostics.md").write_text("\n".join(lines) + "\n")
+    with open(HERE / dataset / "diagnostics.csv", "w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=list(rows[0]))
+        out.writeheader()
+        out.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
+    print(f"written: {HERE / dataset / 'diagnostics.md'}, diagnostics.csv ({len(rows)} cells)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
