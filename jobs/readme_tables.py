@@ -1,5 +1,6 @@
 """Regenerate README.md's generated sections from the declarations (what tests/test_readme.py and
-tests/test_payloads.py check): the configuration tables and the "What leaves a rank" table.
+tests/test_payloads.py check): the configuration tables, the "What leaves a rank" table and the
+results file's layout.
 
     .venv/bin/python jobs/readme_tables.py
 """
@@ -8,10 +9,12 @@ from pathlib import Path
 
 from mpicd.algorithms import payload_table
 from mpicd.cli import config_tables
+from mpicd.results import layout_table
 
 SECTIONS = {
     "<!-- mpicd config --markdown: begin -->": ("<!-- mpicd config --markdown: end -->", config_tables),
     "<!-- payload table: begin -->": ("<!-- payload table: end -->", payload_table),
+    "<!-- results layout: begin -->": ("<!-- results layout: end -->", layout_table),
 }
 readme = Path(__file__).resolve().parents[1] / "README.md"
 text = readme.read_text()

@@ -11,41 +11,23 @@ Layout (a contract the report and later tools rely on):
                                    when the run first started), config_hash (sha256 of the config
                                    minus operational keys, mpicd.identity), payload_sizes (YAML:
                                    N, C, D, P, B of the byte formulas)
-    /metrics/<name>         (rounds, clients) float64: train_loss (= train_ce + train_extra, the
-                            sample-weighted means of the cross-entropy and of the algorithm's
-                            extra term), test_acc, balanced_acc, minority_acc (held-out test
-                            split), val_acc, val_balanced_acc, val_minority_acc (validation
-                            split: for choosing hyper-parameters and rounds; NaN in rounds
-                            that eval.every skips), train_acc, train_balanced_acc,
-                            train_minority_acc (the TRAINING split: each client's own
-                            training images, centralized the union, an audit of memorisation,
-                            not a held-out score; NaN unless eval.train_split: true, and in
-                            rounds that eval.every skips), comm_seconds
-                            (inside MPI calls, waiting included), compute_seconds (the rest of
-                            the round), train_seconds (hooks + local epochs, minus comm),
-                            eval_seconds, write_seconds (this rank's collective write of the
-                            round's row, flush included; written with the next row, the last
-                            one at close: NaN for a round a crash interrupted)
-    /metrics/skipped        (rounds, clients) int64: 1 where on_nonfinite=skip dropped the update
-    /metrics/bytes_sent     (rounds, clients) int64, and bytes_recv
-    /metrics/recall         (rounds, clients, classes) float64 on the test split; val_recall,
-                            train_recall (the training split, as train_acc)
-    /comm/bytes_sent        (rounds, clients, kinds) int64 by kind of operation (attr kinds), and bytes_recv
-    /comm/teacher           (rounds, clients) int64: the client each one learned from, -1 if none
-    /comm/outside_rounds    (clients, 2) int64: bytes sent, received outside any round (start-up
-                            agreement, progress line, serial gather, eval.diagnostics' probe
-                            features), written when the run ends
-    /diag/<name>            (rounds, clients) float64, NaN unless eval.diagnostics: true (and where
-                            undefined; mpicd.diagnostics): term_grad_share (||g_term|| / (||g_ce|| +
-                            ||g_term||), mean over the epoch's batches; NaN without an extra term;
-                            the loss share is train_extra / train_loss), r_distance (co-distillation:
-                            ||m - R|| / ||R||, the student's own eval-mode class mean at the start of
-                            the round against the received R), cka_teacher (co-distillation: linear
-                            CKA of student's and teacher's eval-mode features on the first 64
-                            validation images, test without a validation split, after training)
-    /partition/train_counts (clients, classes), /partition/test_counts, /partition/expertise (clients,)
-    /placement/host, device, cpu (clients,) fixed-length strings (cpu: the CPU's model name);
-                            local_rank, threads (clients,) int64
+    /metrics/<name>         (round, client) float64 losses, scores and seconds, int64 skipped and
+                            bytes; recall, val_recall, train_recall (round, client, class)
+    /comm/<name>            (round, client, kind) int64 bytes by kind of MPI operation (attr
+                            kinds), (round, client) teacher; outside_rounds (client, direction)
+    /diag/<name>            (round, client) float64 mechanism diagnostics (eval.diagnostics)
+    /partition/<name>       (client, class) image counts, (client,) expertise
+    /placement/<name>       (client,) host, device, cpu strings, local_rank, threads
+
+Each dataset's dims, dtype, units and one-sentence description are declared once, in
+:func:`layout` (the per-round ones in :func:`columns`); the file carries them as the attributes
+``units`` and ``description`` and README.md's results-file table is generated from the same
+declarations (``jobs/readme_tables.py``). Every axis is an HDF5 dimension scale, labelled with its
+name: round (1..rounds), client (0..clients-1), class (the names of attr class_names), kind
+(mpicd.ledger.KINDS), direction (sent, received). Each group holds a 1-D scale dataset of every
+dimension it uses (xarray opens one group at a time and finds coordinate values only there), so
+``xarray.open_dataset(path, engine="h5netcdf", group="metrics")`` has named axes with coordinates.
+Readers here skip the scales (:func:`is_scale`).
 
 The per-round datasets are declared once in :func:`columns`; creation, the collective write and
 the serial fallback's pack/unpack all follow that table.
@@ -95,12 +77,47 @@ class RoundRow:
 
 @dataclass(frozen=True)
 class Column:
-    """One per-round dataset: ``path`` holds (rounds, clients, *shape) values of ``dtype``."""
+    """One per-round dataset: ``path`` holds (rounds, clients, *shape) values of ``dtype``; ``dims``
+    names the axes after (round, client); ``units`` and ``description`` become its attributes."""
 
     path: str
     dtype: str
     shape: tuple[int, ...]
     get: Callable[[RoundRow], Any]
+    units: str
+    description: str
+    dims: tuple[str, ...] = ()
+
+    @property
+    def all_dims(self) -> tuple[str, ...]:
+        return ("round", "client", *self.dims)
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """A dataset not written row by row (at creation, or at close): ``dims`` names every axis."""
+
+    path: str
+    dtype: str
+    dims: tuple[str, ...]
+    units: str
+    description: str
+    fill: Any = None
+
+    @property
+    def all_dims(self) -> tuple[str, ...]:
+        return self.dims
+
+
+# The axes of the file: name -> (units, description) of its 1-D dimension scale.
+DIMENSIONS = {
+    "round": ("1", "The round, counted from 1."),
+    "client": ("client index", "The client, by its MPI rank in the run."),
+    "class": ("", "The class, by name (attr class_names)."),
+    "kind": ("", "The kind of MPI operation the bytes were counted under (mpicd.ledger.KINDS)."),
+    "direction": ("", "Bytes sent or received."),
+}
+DIRECTIONS = ("sent", "received")
 
 
 def _score(split: str, name: str, width: int | None = None) -> Callable[[RoundRow], Any]:
@@ -113,39 +130,141 @@ def _score(split: str, name: str, width: int | None = None) -> Callable[[RoundRo
     return get
 
 
+_SPLITS = {
+    "test": "on the held-out test split",
+    "val": "on the validation split (for choosing hyper-parameters and rounds; NaN where eval.every skips)",
+    "train": "on the client's own training split, an audit, not held-out (NaN unless eval.train_split: true)",
+}
+
+
+def _scores(split: str, prefix: str, num_classes: int) -> list[Column]:
+    on = _SPLITS[split]
+    acc = "test_acc" if split == "test" else f"{prefix}acc"
+    return [
+        Column(f"metrics/{acc}", "f8", (), _score(split, "acc"), "1", f"Accuracy {on}."),
+        Column(
+            f"metrics/{prefix}balanced_acc", "f8", (), _score(split, "balanced_acc"), "1",
+            f"Balanced accuracy (the mean of the per-class recalls) {on}.",
+        ),
+        Column(
+            f"metrics/{prefix}minority_acc", "f8", (), _score(split, "minority_acc"), "1",
+            f"Minority accuracy (mean recall of the classes but the client's expertise class) {on}.",
+        ),
+        Column(
+            f"metrics/{prefix}recall", "f8", (num_classes,), _score(split, "recall", num_classes), "1",
+            f"Recall of each class {on}.", ("class",),
+        ),
+    ]  # fmt: skip
+
+
 def columns(num_classes: int) -> list[Column]:
     """Every per-round dataset of the file, in a fixed order."""
-    c, k = (num_classes,), (len(KINDS),)
+    k = (len(KINDS),)
+    test, val, train = (_scores(*split, num_classes) for split in (("test", ""), ("val", "val_"), ("train", "train_")))
     return [
-        Column("metrics/train_loss", "f8", (), lambda row: row.loss.total),
-        Column("metrics/train_ce", "f8", (), lambda row: row.loss.ce),
-        Column("metrics/train_extra", "f8", (), lambda row: row.loss.extra),
-        Column("metrics/test_acc", "f8", (), _score("test", "acc")),
-        Column("metrics/balanced_acc", "f8", (), _score("test", "balanced_acc")),
-        Column("metrics/minority_acc", "f8", (), _score("test", "minority_acc")),
-        Column("metrics/recall", "f8", c, _score("test", "recall", num_classes)),
-        Column("metrics/val_acc", "f8", (), _score("val", "acc")),
-        Column("metrics/val_balanced_acc", "f8", (), _score("val", "balanced_acc")),
-        Column("metrics/val_minority_acc", "f8", (), _score("val", "minority_acc")),
-        Column("metrics/val_recall", "f8", c, _score("val", "recall", num_classes)),
-        Column("metrics/train_acc", "f8", (), _score("train", "acc")),
-        Column("metrics/train_balanced_acc", "f8", (), _score("train", "balanced_acc")),
-        Column("metrics/train_minority_acc", "f8", (), _score("train", "minority_acc")),
-        Column("metrics/train_recall", "f8", c, _score("train", "recall", num_classes)),
-        Column("metrics/comm_seconds", "f8", (), lambda row: row.traffic.seconds),
-        Column("metrics/compute_seconds", "f8", (), lambda row: row.compute_seconds),
-        Column("metrics/train_seconds", "f8", (), lambda row: row.train_seconds),
-        Column("metrics/eval_seconds", "f8", (), lambda row: row.eval_seconds),
-        Column("metrics/skipped", "i8", (), lambda row: row.skipped),
-        Column("metrics/bytes_sent", "i8", (), lambda row: row.traffic.total_sent),
-        Column("metrics/bytes_recv", "i8", (), lambda row: row.traffic.total_recv),
-        Column("comm/bytes_sent", "i8", k, lambda row: [row.traffic.bytes_sent[n] for n in KINDS]),
-        Column("comm/bytes_recv", "i8", k, lambda row: [row.traffic.bytes_recv[n] for n in KINDS]),
-        Column("comm/teacher", "i8", (), lambda row: row.teacher),
-        Column("diag/term_grad_share", "f8", (), _diag("term_grad_share")),
-        Column("diag/r_distance", "f8", (), _diag("r_distance")),
-        Column("diag/cka_teacher", "f8", (), _diag("cka_teacher")),
-    ]
+        Column("metrics/train_loss", "f8", (), lambda row: row.loss.total, "1",
+               "The epoch's training loss, train_ce + train_extra (sample-weighted means over its batches)."),
+        Column("metrics/train_ce", "f8", (), lambda row: row.loss.ce, "1",
+               "The epoch's sample-weighted mean cross-entropy."),
+        Column("metrics/train_extra", "f8", (), lambda row: row.loss.extra, "1",
+               "The epoch's sample-weighted mean of the algorithm's extra loss term."),
+        *test, *val, *train,
+        Column("metrics/comm_seconds", "f8", (), lambda row: row.traffic.seconds, "seconds",
+               "Time inside MPI calls in the round, waiting included."),
+        Column("metrics/compute_seconds", "f8", (), lambda row: row.compute_seconds, "seconds",
+               "The rest of the round: its time outside MPI calls."),
+        Column("metrics/train_seconds", "f8", (), lambda row: row.train_seconds, "seconds",
+               "The algorithm's hooks and the local epochs, minus comm_seconds."),
+        Column("metrics/eval_seconds", "f8", (), lambda row: row.eval_seconds, "seconds",
+               "Evaluation on the test, validation (and training) splits."),
+        Column("metrics/skipped", "i8", (), lambda row: row.skipped, "1",
+               "Whether on_nonfinite: skip dropped the client's update: 1, else 0."),
+        Column("metrics/bytes_sent", "i8", (), lambda row: row.traffic.total_sent, "bytes",
+               "Bytes this rank sent in the round, all kinds together."),
+        Column("metrics/bytes_recv", "i8", (), lambda row: row.traffic.total_recv, "bytes",
+               "Bytes this rank received in the round, all kinds together."),
+        Column("comm/bytes_sent", "i8", k, lambda row: [row.traffic.bytes_sent[n] for n in KINDS], "bytes",
+               "Bytes this rank sent in the round, by kind of MPI operation.", ("kind",)),
+        Column("comm/bytes_recv", "i8", k, lambda row: [row.traffic.bytes_recv[n] for n in KINDS], "bytes",
+               "Bytes this rank received in the round, by kind of MPI operation.", ("kind",)),
+        Column("comm/teacher", "i8", (), lambda row: row.teacher, "client index",
+               "The client this one learned from in the round, -1 if none."),
+        Column("diag/term_grad_share", "f8", (), _diag("term_grad_share"), "1",
+               "The extra term's share of the gradient norm, ||g_term|| / (||g_ce|| + ||g_term||), mean over the "
+               "epoch's batches; NaN without an extra term or eval.diagnostics."),
+        Column("diag/r_distance", "f8", (), _diag("r_distance"), "1",
+               "Co-distillation: ||m - R|| / ||R||, the student's eval-mode class mean at the start of the round "
+               "against the R it received; NaN where undefined or without eval.diagnostics."),
+        Column("diag/cka_teacher", "f8", (), _diag("cka_teacher"), "1",
+               "Co-distillation: linear CKA of the student's and its teacher's eval-mode features on the first 64 "
+               "validation (else test) images, after training; NaN where undefined or without eval.diagnostics."),
+    ]  # fmt: skip
+
+
+def fixed() -> list[Fixed]:
+    """The datasets written once (or at close), in the order they are created."""
+    return [
+        Fixed("metrics/write_seconds", "f8", ("round", "client"), "seconds",
+              "This rank's write of the round's row, flush included (written with the next row, the last at "
+              "close: NaN for a round a crash interrupted).", np.nan),
+        Fixed("comm/outside_rounds", "i8", ("client", "direction"), "bytes",
+              "Bytes sent and received outside any round (start-up agreement, progress line, serial gather, "
+              "eval.diagnostics' probe features), written when the run ends.", -1),
+        Fixed("partition/train_counts", "i8", ("client", "class"), "images",
+              "Each client's training images of each class."),
+        Fixed("partition/test_counts", "i8", ("client", "class"), "images",
+              "The held-out test images of each class each client is scored on."),
+        Fixed("partition/expertise", "i8", ("client",), "class index",
+              "Each client's expertise class (the one it keeps all its images of)."),
+        *(Fixed(f"placement/{key}", f"S{n}", ("client",), "", what) for key, n, what in (
+            ("host", PLACEMENT_STRINGS["host"], "The host the client's rank ran on."),
+            ("device", PLACEMENT_STRINGS["device"], "The torch device the client trained on."),
+            ("cpu", PLACEMENT_STRINGS["cpu"], "The model name of the CPU the client's rank ran on."),
+        )),
+        Fixed("placement/local_rank", "i8", ("client",), "1", "The rank's index among the ranks of its host.", -1),
+        Fixed("placement/threads", "i8", ("client",), "threads", "The torch threads the rank used.", -1),
+    ]  # fmt: skip
+
+
+def layout(num_classes: int) -> list[Column | Fixed]:
+    """Every dataset of the file but the dimension scales, in the order they are created."""
+    return [*columns(num_classes), *fixed()]
+
+
+def dimension_values(rounds: int, clients: int, class_names: list[str]) -> dict[str, np.ndarray]:
+    """The values of each dimension scale (strings as fixed-length UTF-8 bytes: writable with mpio)."""
+
+    def text(names) -> np.ndarray:
+        raw = [str(n).encode() for n in names]
+        return np.array(raw, dtype=f"S{max([1, *map(len, raw)])}")
+
+    return {
+        "round": np.arange(1, rounds + 1, dtype=np.int64),
+        "client": np.arange(clients, dtype=np.int64),
+        "class": text(class_names),
+        "kind": text(KINDS),
+        "direction": text(DIRECTIONS),
+    }
+
+
+def is_scale(dset: Any) -> bool:
+    """A dimension scale (``round``, ``client``, ...) rather than data."""
+    return isinstance(dset, h5py.Dataset) and h5py.h5ds.is_scale(dset.id)
+
+
+def layout_table(num_classes: int = 2) -> str:
+    """README's results-file table: every dataset of :func:`layout`, then the dimension scales."""
+    kinds = {"f8": "float64", "i8": "int64"}
+    lines = ["| dataset | dims | dtype | units | description |", "| --- | --- | --- | --- | --- |"]
+    for d in layout(num_classes):
+        dtype = kinds.get(d.dtype) or f"string ({d.dtype[1:]} bytes)"
+        dims = " × ".join(d.all_dims)
+        what = d.description.replace("|", "\\|")
+        lines.append(f"| `/{d.path}` | {dims} | {dtype} | {d.units or '–'} | {what} |")
+    for name, (units, what) in DIMENSIONS.items():
+        dtype = "int64" if name in ("round", "client") else "string"
+        lines.append(f"| `<group>/{name}` (scale) | {name} | {dtype} | {units or '–'} | {what} |")
+    return "\n".join(lines)
 
 
 def _diag(name: str) -> Callable[[RoundRow], Any]:
@@ -268,24 +387,38 @@ class ResultsWriter:
         return rows
 
     def _create(self, f: h5py.File, rounds: int, clients: int, classes: int, attrs: dict) -> None:
+        """Every dataset, its attributes and dimension scales: metadata only, so under mpio every rank
+        makes the same calls in the same order; rank 0 alone writes the scales' values."""
         for key, value in attrs.items():
             f.attrs[key] = value
         f.attrs["completed_rounds"] = 0
         f.attrs["resumed_at"] = np.zeros(0, dtype=np.int64)
-        for col in self.cols:
-            fill = np.nan if col.dtype == "f8" else -1
-            dset = f.create_dataset(col.path, (rounds, clients, *col.shape), dtype=col.dtype, fillvalue=fill)
-            if col.path.startswith("comm/bytes_"):
+        names = [_text(n) for n in attrs.get("class_names", [])]
+        values = dimension_values(rounds, clients, names if len(names) == classes else list(range(classes)))
+        scales: dict[tuple[str, str], h5py.Dataset] = {}
+        for d in layout(classes):
+            group = d.path.split("/")[0]
+            for dim in d.all_dims:  # a group's scales first, in the order its datasets use them
+                if (group, dim) not in scales:
+                    scale = f.create_dataset(f"{group}/{dim}", values[dim].shape, dtype=values[dim].dtype)
+                    scale.make_scale(dim)
+                    units, what = DIMENSIONS[dim]
+                    scale.attrs["units"], scale.attrs["description"] = units, what
+                    if values[dim].dtype.kind == "S":
+                        scale.attrs["_Encoding"] = "utf-8"  # xarray decodes the bytes to str
+                    scales[(group, dim)] = scale
+            shape = tuple(len(values[dim]) for dim in d.all_dims)
+            fill = d.fill if isinstance(d, Fixed) else (np.nan if d.dtype == "f8" else -1)
+            dset = f.create_dataset(d.path, shape, dtype=d.dtype, fillvalue=fill)
+            for i, dim in enumerate(d.all_dims):
+                dset.dims[i].attach_scale(scales[(group, dim)])
+                dset.dims[i].label = dim
+            dset.attrs["units"], dset.attrs["description"] = d.units, d.description
+            if d.path.startswith("comm/bytes_"):
                 dset.attrs["kinds"] = np.array(KINDS, dtype=h5py.string_dtype())
-        f.create_dataset("metrics/write_seconds", (rounds, clients), dtype="f8", fillvalue=np.nan)
-        f.create_dataset("comm/outside_rounds", (clients, 2), dtype="i8", fillvalue=-1)
-        for name in ("train_counts", "test_counts"):
-            f.create_dataset(f"partition/{name}", (clients, classes), dtype="i8")
-        f.create_dataset("partition/expertise", (clients,), dtype="i8")
-        for key, n in PLACEMENT_STRINGS.items():
-            f.create_dataset(f"placement/{key}", (clients,), dtype=f"S{n}")
-        for key in ("local_rank", "threads"):
-            f.create_dataset(f"placement/{key}", (clients,), dtype="i8", fillvalue=-1)
+        if self.comm.rank == 0:  # one independent write each (serial: rank 0 holds the file)
+            for (_, dim), scale in scales.items():
+                scale[...] = values[dim]
 
     def write_round(self, round_index: int, row: RoundRow) -> None:
         """Every rank calls this with its own row; the file is flushed before it returns.
@@ -444,21 +577,22 @@ class Results:
                 raise ResultsFileError(f"{self.path}: not an mpicd results file (no {', '.join(absent)})")
             self.attrs = {k: _text(v) for k, v in f.attrs.items()}
             self.completed_rounds = int(self.attrs["completed_rounds"])
-            rows = min((f["metrics"][name].shape[0] for name in f["metrics"]), default=0)
+            data = {g: [n for n, d in f[g].items() if not is_scale(d)] for g in ("metrics", "partition")}
+            rows = min((f["metrics"][name].shape[0] for name in data["metrics"]), default=0)
             if not 0 <= self.completed_rounds <= rows:
                 raise ResultsFileError(
                     f"{self.path}: completed_rounds is {self.completed_rounds}, but /metrics holds {rows} rounds"
                 )
             done = slice(0, self.completed_rounds)
-            self.metrics = {name: f["metrics"][name][done] for name in f["metrics"]}
+            self.metrics = {name: f["metrics"][name][done] for name in data["metrics"]}
             self.kinds = tuple(_text(k) for k in f["comm/bytes_sent"].attrs["kinds"])
             self.bytes_sent_by_kind = f["comm/bytes_sent"][done]
             self.bytes_recv_by_kind = f["comm/bytes_recv"][done]
             self.teacher = f["comm/teacher"][done]
             self.outside_rounds = f["comm/outside_rounds"][()]
-            self.partition = {name: f["partition"][name][()] for name in f["partition"]}
+            self.partition = {name: f["partition"][name][()] for name in data["partition"]}
             self.placement = (
-                {name: [_text(v) for v in f["placement"][name][()]] for name in f["placement"]}
+                {name: [_text(v) for v in dset[()]] for name, dset in f["placement"].items() if not is_scale(dset)}
                 if "placement" in f
                 else {}
             )

@@ -38,3 +38,15 @@ def test_every_key_the_loader_accepts_is_in_the_tables():
         own = [f.name.rstrip("_") for f in cls.Params.__dataclass_fields__.values()]
         rows = re.findall(rf"^\| `{name}` \| (`\w+`|–) \|", tables, flags=re.M)
         assert rows == ([f"`{k}`" for k in own] or ["–"]), name
+
+
+def test_readme_results_layout_is_generated():
+    from mpicd.results import layout, layout_table
+
+    begin, end = "<!-- results layout: begin -->", "<!-- results layout: end -->"
+    text = (ROOT / "README.md").read_text()
+    assert text.count(begin) == 1 and text.count(end) == 1, "README.md lost its layout markers"
+    table = text.split(begin)[1].split(end)[0].strip("\n")
+    assert table == layout_table(), "README.md is stale: run .venv/bin/python jobs/readme_tables.py"
+    for d in layout(2):
+        assert f"| `/{d.path}` |" in table, d.path
