@@ -41,6 +41,8 @@ class Found:
     completed: int = 0
     rounds: int = 0
     checkpoints: dict = field(default_factory=dict)  # checkpoint.inventory(...)
+    datasets: frozenset = frozenset()  # every dataset path in the file
+    num_classes: int = 0
 
     def run_text(self) -> str:
         """``codistill, 8 of 10 rounds done, run 3fa2...``."""
@@ -70,6 +72,8 @@ def inspect(path: str | Path) -> Found:
     try:
         with h5py.File(path, "r") as f:
             attrs = dict(f.attrs)
+            names: list[str] = []
+            f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
         config = yaml.safe_load(_text(attrs["config"]))
         run_id = _text(attrs.get("run_id"))
         return Found(
@@ -81,6 +85,8 @@ def inspect(path: str | Path) -> Found:
             completed=int(attrs["completed_rounds"]),
             rounds=int(attrs.get("rounds", 0)),
             checkpoints=checkpoints,
+            datasets=frozenset(names),
+            num_classes=int(attrs.get("num_classes", 0)),
         )
     except Exception as err:  # noqa: BLE001 - torn, foreign or not HDF5: say so, never trust it
         return Found(path, "unreadable", error=" ".join(str(err).split())[:200], checkpoints=checkpoints)
@@ -142,6 +148,15 @@ def decide(found: Found, resolved: dict, mode: str) -> Start:
         )
     if found.rounds and found.completed >= found.rounds:
         return Start(False, found.run_id or "", complete=True)
+    missing = _missing_columns(found)
+    if missing:
+        raise ConfigError(
+            "--resume",
+            f"{found.path} ({found.run_text()}) lacks /{missing[0]}"
+            + (f" and {len(missing) - 1} more datasets" if len(missing) > 1 else "")
+            + ": it was written by an older mpicd and cannot be continued by this one; pass --overwrite "
+            "to start it again at round 1",
+        )
     if found.run_id is None:
         return Start(
             True,
@@ -150,6 +165,16 @@ def decide(found: Found, resolved: dict, mode: str) -> Start:
             "matched to it: starting again at round 1",
         )
     return Start(False, found.run_id, bound=found.completed)
+
+
+def _missing_columns(found: Found) -> list[str]:
+    """Per-round datasets this version writes that the file lacks (only for a file with a run id:
+    one without is started again anyway)."""
+    from .results import columns
+
+    if found.run_id is None or not found.num_classes:
+        return []
+    return [col.path for col in columns(found.num_classes) if col.path not in found.datasets]
 
 
 def _difference(saved: dict, current: dict) -> str | None:
