@@ -71,9 +71,7 @@ def test_the_report_warns_and_gives_a_collapsed_cell_no_verdict(runs):
         collapsed[seed] = path
     fine = mpicd_cli("report", *map(str, normal.values()), "--versus", "local", "--versus-only")
     assert fine.returncode == 0 and "warning" not in fine.stdout and "degenerate" not in fine.stdout
-    flagged = mpicd_cli(
-        "report", *map(str, collapsed.values()), str(normal["local", 0]), "--versus", "local"
-    )
+    flagged = mpicd_cli("report", *map(str, collapsed.values()), str(normal["local", 0]), "--versus", "local")
     assert flagged.returncode == 0, flagged.stderr
     for path in collapsed.values():
         assert f"warning: {path}: every client predicted a single class" in flagged.stdout
