@@ -11,8 +11,10 @@ deleted and made again, say) are never loaded and never count towards this run's
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -72,9 +74,25 @@ def save(folder: Path, rank: int, completed: int, state: dict, run_id: str, duri
             during()
             os.fsync(fh.fileno())
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
-        raise
+        full = disk_full(err)
+        if full is None:
+            raise
+        newest = available(folder, rank, run_id)[:1]
+        last = (
+            f", the last one took {path_for(folder, rank, newest[0], run_id).stat().st_size / 2**20:.1f} MiB"
+            if newest
+            else ""
+        )
+        # torch.save hides the cause in a RuntimeError ("unexpected pos") and its chain: say it plainly
+        error = OSError(
+            f"cannot write the checkpoint after {completed} rounds in {folder}: {full.strerror} "
+            f"({shutil.disk_usage(folder).free / 2**20:.1f} MiB free there{last}); the rounds before it "
+            f"are in the results file and the older checkpoints are intact: free space and run again with --resume"
+        )
+        error.errno = full.errno
+        raise error from None
     dir_fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # the rename itself survives a crash
@@ -83,6 +101,18 @@ def save(folder: Path, rank: int, completed: int, state: dict, run_id: str, duri
     for old in available(folder, rank, run_id)[KEEP:]:
         path_for(folder, rank, old, run_id).unlink(missing_ok=True)
     return final
+
+
+def disk_full(err: BaseException) -> OSError | None:
+    """The OSError for want of space (ENOSPC, EDQUOT) in ``err`` or the exceptions it was raised
+    from or during, or None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def load(folder: Path, rank: int, completed: int, run_id: str, device: torch.device) -> dict | None:
@@ -96,10 +126,18 @@ def load(folder: Path, rank: int, completed: int, run_id: str, device: torch.dev
 
 
 def discard(folder: Path, rank: int, run_id: str, newer_than: int = -1) -> None:
-    """Delete this rank's checkpoints of run ``run_id`` past round ``newer_than`` (-1: all of them)."""
+    """Delete this rank's checkpoints of run ``run_id`` past round ``newer_than`` (-1: all of them),
+    and every temporary file of this rank and run: one that a killed write left behind (SIGKILL
+    inside :func:`save` skips its clean-up) is never a checkpoint, and none of this rank's writes
+    is in flight when it calls this (else a complete run's folder would never be empty)."""
     for completed in available(folder, rank, run_id):
         if completed > newer_than:
             path_for(folder, rank, completed, run_id).unlink(missing_ok=True)
+    if folder.is_dir():
+        torn = re.compile(rf"^\.rank{rank}\.round\d+\.{re.escape(run_id)}\.pt\.\d+\.tmp$")
+        for entry in folder.iterdir():
+            if torn.match(entry.name):
+                entry.unlink(missing_ok=True)
 
 
 def remove_all(folder: Path) -> int:
