@@ -47,8 +47,9 @@ for run in $pending; do
   else
     failed+=("$run") outcome="failed (exit $status)"
   fi
-  run_seconds=$((run_seconds + SECONDS - began))
-  echo "--- run $run $outcome in $(duration $((SECONDS - began))) ($(progress))"
+  took=$((SECONDS - began))  # read once: the line's time and the estimate must agree
+  run_seconds=$((run_seconds + took))
+  echo "--- run $run $outcome in $(duration "$took") ($(progress))"
 done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "failed runs: ${failed[*]}" >&2

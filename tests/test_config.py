@@ -138,7 +138,8 @@ def test_unknown_key_messages_list_the_keys_allowed_there():
     with pytest.raises(ConfigError) as err:
         load_config(QUICKSTART, ["train.learning_rate=0.1"])
     assert str(err.value).endswith(
-        "(known keys here: batch_size, eval_batch_size, local_epochs, lr, momentum, optimizer, weight_decay)"
+        "(known keys here: batch_size, eval_batch_size, local_epochs, loss, lr, momentum, optimizer, "
+        "optimizer_state, weight_decay)"
     )
 
     @dataclass
