@@ -24,6 +24,7 @@ from pathlib import Path
 from . import checkpoint
 from .config import ConfigError, config_difference
 from .identity import is_run_id, new_run_id
+from .results import _text
 
 MODES = ("new", "resume", "overwrite")
 
@@ -183,7 +184,3 @@ def _difference(saved: dict, current: dict) -> str | None:
     if names[0] != names[1]:
         return f"algorithm: the file has {names[0]}, this run {names[1]}"
     return config_difference(saved, current, "the file", "this run")
-
-
-def _text(value):
-    return value.decode() if isinstance(value, bytes) else value

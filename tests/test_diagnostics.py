@@ -8,7 +8,6 @@ mpiexec the quickstart with the key on and off. Under mpiexec this file is also 
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import QUICKSTART, is_timing, mpiexec
+from conftest import DRIVERS, QUICKSTART, is_timing, mpiexec
 
 from mpicd import diagnostics
 from mpicd.diagnostics import GradShare, linear_cka, relative_distance
@@ -158,7 +157,7 @@ def _driven(folder: Path, name: str, ranks: int, *overrides: str) -> Path:
     out = folder / name
     out.mkdir()
     args = (str(QUICKSTART), f"clients={ranks}", f"rounds={ROUNDS}", "checkpoint.every=0", *overrides)
-    result = mpiexec(ranks, __file__, str(out), *args, timeout=300)
+    result = mpiexec(ranks, str(DRIVERS / "models_per_round.py"), str(out), *args, timeout=300)
     assert result.returncode == 0, f"driver failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
     return out
 
@@ -239,29 +238,3 @@ def test_probe_features_travel_outside_rounds_exactly(runs):
     for client in range(4):
         students = int((teacher == client).sum())  # over the 3 rounds
         assert grown[client].tolist() == [students * pair, ROUNDS * pair], client
-
-
-def _drive(out: Path, args: list[str]) -> None:
-    from mpicd.cli import main
-    from mpicd.client import Client
-    from mpicd.comm import Comm
-    from mpicd.runtime import abort_on_exception
-
-    original = Client.train_round
-
-    def train_round(self, round_index, *rest, **kwargs):
-        loss = original(self, round_index, *rest, **kwargs)
-        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        torch.save(state, out / f"model_r{round_index}_rank{self.comm.rank}.pt")
-        return loss
-
-    Client.train_round = train_round
-    comm = Comm()
-    with abort_on_exception(comm.mpi):
-        code = main(["run", *args, "--out", str(out / "run.h5")])
-        if code != 0:
-            raise RuntimeError(f"mpicd run exited with {code}")
-
-
-if __name__ == "__main__":  # the driver: python tests/test_diagnostics.py OUT_DIR CONFIG OVERRIDES...
-    _drive(Path(sys.argv[1]), sys.argv[2:])

@@ -9,13 +9,12 @@ The saving touches no random stream and no model, and both sides of the on/off c
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import QUICKSTART, is_timing, mpiexec
+from conftest import DRIVERS, QUICKSTART, is_timing, mpiexec
 
 TRAIN = ("train_acc", "train_balanced_acc", "train_minority_acc", "train_recall")
 ROUNDS, EVERY = 3, 2
@@ -28,7 +27,7 @@ def _driven(folder: Path, ranks: int, name: str, *overrides: str) -> Path:
     out = folder / name
     out.mkdir()
     args = (str(QUICKSTART), f"clients={ranks}", *COMMON, *overrides)
-    result = mpiexec(ranks, __file__, str(out), *args, timeout=300)
+    result = mpiexec(ranks, str(DRIVERS / "models_per_round.py"), str(out), *args, timeout=300)
     assert result.returncode == 0, f"driver failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
     (out / "overrides.txt").write_text("\n".join(args[1:]))
     return out
@@ -147,31 +146,3 @@ def test_verify_checks_train_scores_only_when_on(runs, tmp_path):
         f["metrics/train_acc"][1, 0] = 0.5
     assert "/metrics/train_minority_acc is not finite in evaluated rounds 3" in verify(hole).text()
     assert "/metrics/train_acc holds values without eval.train_split in rounds 2" in verify(stray).text()
-
-
-def _drive(out: Path, args: list[str]) -> None:
-    import torch
-
-    from mpicd.cli import main
-    from mpicd.client import Client
-    from mpicd.comm import Comm
-    from mpicd.runtime import abort_on_exception
-
-    original = Client.train_round
-
-    def train_round(self, round_index, *rest, **kwargs):
-        loss = original(self, round_index, *rest, **kwargs)
-        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        torch.save(state, out / f"model_r{round_index}_rank{self.comm.rank}.pt")
-        return loss
-
-    Client.train_round = train_round
-    comm = Comm()
-    with abort_on_exception(comm.mpi):
-        code = main(["run", *args, "--out", str(out / "run.h5")])
-        if code != 0:
-            raise RuntimeError(f"mpicd run exited with {code}")
-
-
-if __name__ == "__main__":  # the driver: python tests/test_train_split_scores.py OUT_DIR CONFIG OVERRIDES...
-    _drive(Path(sys.argv[1]), sys.argv[2:])
