@@ -41,7 +41,8 @@ PARTITION = 5  # who holds which training image ()
 BATCH_TEACHERS = 6  # co-distillation, teacher_per batch: a client's per-minibatch teachers (round, rank)
 HOLDOUT = 7  # a stratified held-out test split (), seeded by split_seed
 VAL = 8  # a stratified validation split (), seeded by split_seed
-PURPOSES = frozenset({INIT, SHUFFLE, K_SUBSET, TEACHERS, PARTITION, BATCH_TEACHERS, HOLDOUT, VAL})
+PRIVACY = 9  # differential privacy: a release's Poisson sample and noise, DP-SGD, the audit (client, round, use)
+PURPOSES = frozenset({INIT, SHUFFLE, K_SUBSET, TEACHERS, PARTITION, BATCH_TEACHERS, HOLDOUT, VAL, PRIVACY})
 
 KEY_WORDS = 3
 _WORD = 2**32

@@ -158,11 +158,17 @@ STREAMS = {
     ("rng", seeds.TEACHERS, ("round",)),
     ("rng", seeds.BATCH_TEACHERS, ("round", "rank")),
     ("rng", seeds.K_SUBSET, ("rank", "round", "class")),
+    ("rng", seeds.PRIVACY, ("rank", "round", "use")),  # mpicd/privacy/streams.py (audit: trial, neighbour, use)
+    ("torch", seeds.PRIVACY, ("rank", "round", "use")),  # DP-SGD's sampling and noise generators
 }
+
+
+PRIVACY_USES = 5  # mpicd.privacy.streams: RELEASE, DPSGD_SAMPLING, DPSGD_NOISE, AUDIT, ATTACK
 
 
 def enumerate_streams(clients: int, rounds: int, epochs: int, classes: int):
     ranges = {"rank": range(clients), "round": range(rounds), "epoch": range(epochs), "class": range(classes)}
+    ranges["use"] = range(PRIVACY_USES)
     for kind, purpose, names in sorted(STREAMS):
         for key in np.ndindex(*(len(ranges[n]) for n in names)):
             yield kind, purpose, tuple(int(k) for k in key)
@@ -177,9 +183,9 @@ def test_every_stream_of_a_run_is_distinct(seed, split_seed):
             numpy_states.append(state(seeds.rng(s, purpose, *key)))
         else:
             torch_seeds.append(seeds.torch_seed(s, purpose, *key))
-    assert len(numpy_states) == 1 + 1 + 1 + 16 * 40 * 3 + 40 + 40 * 16 + 16 * 40 * 8
+    assert len(numpy_states) == 1 + 1 + 1 + 16 * 40 * 3 + 40 + 40 * 16 + 16 * 40 * 8 + 16 * 40 * PRIVACY_USES
     assert len(set(numpy_states)) == len(numpy_states)
-    assert len(torch_seeds) == 1
+    assert len(torch_seeds) == 1 + 16 * 40 * PRIVACY_USES
     # torch's CPU generator keeps the low 32 bits of a seed: those must differ too
     assert len({t % M32 for t in torch_seeds}) == len(torch_seeds)
 
