@@ -77,7 +77,8 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     report.add_argument(
         "--versus-metric",
         metavar="METRIC",
-        help="the score --versus compares: minority_acc (default), balanced_acc or test_acc",
+        help="the score --versus compares: minority_acc (default), balanced_acc, test_acc, or one class's "
+        "recall by its name, e.g. recall:malignant",
     )
     report.add_argument(
         "--versus-only",
@@ -355,8 +356,10 @@ def report(args: argparse.Namespace) -> int:
             print(f"mpicd: {flag} needs --versus METHOD (the method to compare against)", file=sys.stderr)
             return EXIT_BAD_INPUT
     metric = args.versus_metric or "minority_acc"
-    if metric not in rep.SCORES:
-        print(f"mpicd: --versus-metric {metric}: not one of {', '.join(rep.SCORES)}", file=sys.stderr)
+    try:
+        rep.check_metric(metric)
+    except rep.ReportError as err:
+        print(f"mpicd: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     last = args.last or 1
     try:

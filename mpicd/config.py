@@ -79,7 +79,27 @@ class DataConfig:
         doc="symmetric: skew on every client; authors: only on clients whose expertise class is 0 (the authors' code)",
     )
 
+    partition: Literal["expertise", "natural", "dirichlet"] = spec(
+        "expertise",
+        doc="expertise: client i is expert in class i mod C and keeps 1 - skew of every other class; natural: "
+        "every client the training split's class prevalence (within rounding); dirichlet: client i's class "
+        "proportions q_i ~ Dirichlet(dirichlet_alpha * prevalence) (Hsu et al. 2019); for natural and "
+        "dirichlet a client's expertise class is its most frequent class",
+    )
+    dirichlet_alpha: Optional[float] = spec(
+        None,
+        gt=0.0,
+        doc="partition dirichlet only (and needed there): the concentration; small (0.1): nearly one class per "
+        "client, large (100): close to natural",
+    )
+    images_per_client: Optional[int] = spec(
+        None,
+        ge=1,
+        doc="partition natural or dirichlet: training images of each client (null: as many as every class allows)",
+    )
+
     def __post_init__(self) -> None:
+        check_partition_keys(self)
         if self.test_fraction + self.val_fraction >= 1.0:
             raise ConfigError(
                 "data.val_fraction",
@@ -88,6 +108,34 @@ class DataConfig:
             )
         if self.label_map is not None:
             check_label_map(self.label_map)
+
+
+def check_partition_keys(data: "DataConfig") -> None:
+    """Each partition's own keys: a key that the chosen partition ignores would silently do nothing."""
+    if data.partition == "dirichlet" and data.dirichlet_alpha is None:
+        raise ConfigError("data.dirichlet_alpha", "partition dirichlet needs a concentration, e.g. 0.5 (> 0)")
+    if data.partition != "dirichlet" and data.dirichlet_alpha is not None:
+        raise ConfigError(
+            "data.dirichlet_alpha",
+            f"is {data.dirichlet_alpha!r}, but it applies to partition dirichlet only (partition is {data.partition})",
+        )
+    if data.partition == "expertise":
+        if data.images_per_client is not None:
+            raise ConfigError(
+                "data.images_per_client",
+                "applies to partition natural or dirichlet only; partition expertise sizes clients by "
+                "data.images_per_class",
+            )
+        return
+    expertise_only = {"skew": (data.skew, 0.0), "skew_mode": (data.skew_mode, "symmetric"),
+                      "images_per_class": (data.images_per_class, None)}  # fmt: skip
+    for key, (value, default) in expertise_only.items():
+        if value != default:
+            raise ConfigError(
+                f"data.{key}",
+                f"is {value!r}, but it applies to partition expertise only (partition is "
+                f"{data.partition}; its clients are sized by data.images_per_client)",
+            )
 
 
 def check_label_map(label_map: list[int]) -> None:
@@ -237,6 +285,9 @@ ADDED_LATER: dict[str, tuple[str | None, Any]] = {
     "train.optimizer_state": (None, "keep"),  # before: one optimizer for the whole run
     "train.loss": (None, "ce"),  # before: plain cross-entropy
     "data.label_map": (None, None),  # before: always the file's own labels (null: no mapping)
+    "data.partition": (None, "expertise"),  # before: always expertise classes round-robin with skew
+    "data.dirichlet_alpha": (None, None),  # before: no Dirichlet partition
+    "data.images_per_client": (None, None),  # before: clients sized by images_per_class only
 }
 
 

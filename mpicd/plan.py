@@ -63,6 +63,9 @@ def prepare(config: Config, comm=None) -> Plan:
             config.data.images_per_class,
             config.seed,
             config.data.skew_mode,
+            config.data.partition,
+            config.data.dirichlet_alpha,
+            config.data.images_per_client,
         )
         algorithm_cls.check(params, partition.train_counts, partition.expertise)
         parameters = num_parameters(

@@ -11,6 +11,10 @@ accuracy (``select="best-val"``; ties -> the earliest round), so the round repor
 the validation split, never on the test split. Rounds a run did not evaluate (``eval.every`` > 1:
 NaN metrics) are never scored. A cell's sd is the sample sd (ddof=1) over seeds.
 A run that stopped early (``completed_rounds < rounds``) is excluded unless asked for.
+
+Besides those scores every run has one per class, ``recall:<class name>`` (e.g. ``recall:malignant``,
+the names of the file's attr ``class_names``): the mean over clients of that class's test recall
+(/metrics/recall), scored by the same rule, for ``--versus-metric``.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ SPLITS = {
     "train": {"minority_acc": "train_minority_acc", "balanced_acc": "train_balanced_acc", "test_acc": "train_acc"},
 }
 SELECT_METRIC = "val_minority_acc"
+PER_CLASS = {"test": "recall", "train": "train_recall"}  # recall:<class name> reads these (round, client, class)
 
 OPERATIONAL = ("seed", *OPERATIONAL_KEYS)
 """Config keys, or whole sections, left out of a cell: the seed (what the sd is taken over) and
@@ -125,6 +130,9 @@ class RunSummary:
     selected_round: int | None = None  # 0-based, with select="best-val"
     single_class: tuple[int, ...] = ()  # clients that predicted one class for the whole split (mpicd.degenerate)
     clients: int = 0
+    class_names: tuple[str, ...] = ()  # the file's classes, in label order: scores["recall:<name>"]
+    ranks: int = 0  # MPI ranks of the (last) job (attr ranks; 0: an older file, one client per rank)
+    mpi_bytes_per_round: float = math.nan  # what crossed MPI, sent + received over 2, per rank and round
 
     @property
     def collapsed(self) -> bool:
@@ -135,6 +143,18 @@ class RunSummary:
 def _planned(res: Results) -> int:
     config = res.config if isinstance(res.config, dict) else {}
     return int(res.attrs["rounds"]) if "rounds" in res.attrs else int(config.get("rounds", res.completed_rounds))
+
+
+def check_metric(metric: str) -> None:
+    """A score's name: one of SCORES or ``recall:<class name>``; which classes exist is only known
+    per file (:func:`versus` names them)."""
+    kind, colon, name = metric.partition(":")
+    if metric in SCORES or (colon and kind == "recall" and name):
+        return
+    raise ReportError(
+        f"--versus-metric {metric}: not a score; one of {', '.join(SCORES)}, or recall:CLASS for one class's "
+        "recall by name (e.g. recall:malignant)"
+    )
 
 
 def summarize(source: str | Path | Results, last: int = 1, select: str = "last", split: str = "test") -> RunSummary:
@@ -181,29 +201,53 @@ def summarize(source: str | Path | Results, last: int = 1, select: str = "last",
         raise ValueError(f"unknown selection rule {select!r}")
     attrs, data = res.attrs, res.config.get("data", {})
     moved = (res.metrics["bytes_sent"] + res.metrics["bytes_recv"]) / 2
-    recall = res.metrics.get("train_recall" if split == "train" else "recall")
+    recall = res.metrics.get(PER_CLASS[split])
     single = (
         tuple(degenerate.single_class_clients(recall, evaluated[evaluated <= window[-1]])) if recall is not None else ()
     )
+    names = res.class_names if recall is not None and recall.ndim == 3 else ()  # attr class_names, else "0", "1"...
+    per_class = {f"recall:{n}": float(recall[window, :, c].mean(axis=1).mean()) for c, n in enumerate(names)}
     headline = {
         "dataset": str(attrs.get("dataset", data.get("name"))),
         "clients": int(attrs.get("clients", res.config.get("clients"))),
         "images_per_class": attrs.get("images_per_class", data.get("images_per_class")),
     }
+    if data.get("partition", "expertise") != "expertise":  # natural, dirichlet: sized per client, not per class
+        counts = res.partition.get("train_counts")
+        alpha = f" (alpha {fmt(data.get('dirichlet_alpha'))})" if data["partition"] == "dirichlet" else ""
+        per_client = int(counts.sum(axis=1).max()) if counts is not None and counts.size else MISSING
+        headline["images_per_class"] = None
+        headline["sizes"] = f"{data['partition']} partition{alpha}, {per_client} images/client"
     return RunSummary(
         Path(path),
         Cell.of(res.config),
         int(attrs.get("seed", res.config.get("seed"))),
         res.completed_rounds,
         _planned(res),
-        {m: float(curves[m][window].mean()) for m in SCORES},
+        {**{m: float(curves[m][window].mean()) for m in SCORES}, **per_class},
         float(moved.mean()),
         curves,
         headline,
         selected,
         single,
         int(res.metrics["minority_acc"].shape[1]),
+        names,
+        *_mpi_bytes(res),
     )
+
+
+def _mpi_bytes(res) -> tuple[int, float]:
+    """(ranks, bytes per round per rank that crossed MPI) of a file with clients per rank
+    (``/comm/bytes_mpi_*``, mpicd.layout); with one client per rank, per client is per rank."""
+    import h5py
+
+    ranks = int(res.attrs.get("ranks", 0) or 0)
+    with h5py.File(res.path, "r") as f:
+        if not ranks or "comm/bytes_mpi_sent" not in f:
+            return ranks, math.nan
+        done = res.completed_rounds
+        moved = f["comm/bytes_mpi_sent"][:done].sum() + f["comm/bytes_mpi_recv"][:done].sum()
+    return ranks, float(moved / 2 / ranks / max(done, 1))
 
 
 def collect(
@@ -319,7 +363,8 @@ def settings(cells: dict[Cell, list[RunSummary]]) -> list[Setting]:
             h = runs[0].headline
             extra = ", ".join(f"{k}={fmt(where.get(k))}" for k in setting_keys if k not in HEADLINE)
             blocks[where] = Setting(
-                f"{h['dataset']}, {h['clients']} clients, {h['images_per_class']} images/class", extra
+                f"{h['dataset']}, {h['clients']} clients, " + h.get("sizes", f"{h['images_per_class']} images/class"),
+                extra,
             )
     method_keys = distinguishing(cells)  # the same labels in every block, e.g. codistill (lambda=0.5)
     for where, block in blocks.items():
@@ -388,7 +433,10 @@ def cell_rows(cells: dict[Cell, list[RunSummary]]) -> tuple[list[str], list[list
 def cell_table(cells: dict[Cell, list[RunSummary]]) -> str:
     """Every cell on one line (markdown)."""
     keys = distinguishing(cells)
+    # with several clients on a rank the second byte figure: what crossed MPI per rank
+    packed = any(0 < r.ranks < r.clients for runs in cells.values() for r in runs)
     header = ["method", *keys, "seeds", *SCORES, "bytes/round/rank"]
+    header = [*header[:-1], "bytes/round/client", "MPI bytes/round/rank"] if packed else header
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for cell, runs in cells.items():
         row = [
@@ -397,6 +445,7 @@ def cell_table(cells: dict[Cell, list[RunSummary]]) -> str:
             str(len(runs)),
             *(mean_sd([r.scores[m] for r in runs]) for m in SCORES),
             f"{np.mean([r.bytes_per_round for r in runs]):,.0f}",
+            *([f"{np.mean([r.mpi_bytes_per_round for r in runs]):,.0f}"] if packed else []),
         ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -484,6 +533,13 @@ def versus(cells: dict[Cell, list[RunSummary]], reference: str, metric: str = "m
     if not refs:
         methods = ", ".join(sorted({c.method for c in cells}))
         raise ReportError(f"--versus {reference}: no runs of {reference} among the runs reported (methods: {methods})")
+    check_metric(metric)
+    for run in (r for runs in cells.values() for r in runs):
+        if metric not in run.scores:  # a class name this file does not have
+            known = ", ".join(run.class_names) if run.class_names else "none: the file has no /metrics/recall"
+            raise ReportError(
+                f"--versus-metric {metric}: {run.path} has no class {metric.partition(':')[2]!r} (its classes: {known})"
+            )
     keys = distinguishing(cells)
     out = []
     for cell, runs in cells.items():

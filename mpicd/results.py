@@ -607,22 +607,51 @@ class Results:
             f"clients={self.attrs.get('clients')}, completed_rounds={self.completed_rounds})"
         )
 
-    def to_frame(self):
-        """The metrics as a tidy pandas DataFrame, for notebooks: columns algorithm, seed, round
-        (from 1), client, metric, value; a per-class metric is one metric per class, ``recall[c]``.
+    FRAME_KEYS = ("data.name", "clients", "data.partition", "data.skew")
+    """The config keys :meth:`to_frame` adds as columns by default (beside algorithm and seed)."""
 
-        Needs pandas (``pip install 'mpicd[report]'``).
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """The classes in label order (attr ``class_names``), or "0", "1", ... in a file without it."""
+        classes = next((v.shape[2] for v in self.metrics.values() if v.ndim == 3), 0)
+        names = self.attrs.get("class_names")
+        names = [] if names is None else [str(_text(n)) for n in np.atleast_1d(names)]
+        return tuple(names) if len(names) == classes else tuple(str(c) for c in range(classes))
+
+    def flat_config(self, operational: bool = False) -> dict[str, Any]:
+        """The resolved config as dotted keys, without the operational ones (output, device, eval, ...:
+        ``config.OPERATIONAL_KEYS``) unless ``operational``; a file older than a key counts as the older
+        behaviour (``config.ADDED_LATER``); lists as tuples (hashable)."""
+        from .config import computed_config, with_added_keys
+
+        def every_key(tree: dict, prefix: str = "") -> dict:
+            flat = {}
+            for key, value in tree.items():
+                flat.update(
+                    every_key(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
+                )
+            return flat
+
+        config = self.config if isinstance(self.config, dict) else {}
+        flat = with_added_keys(every_key(config) if operational else computed_config(config))
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in flat.items()}
+
+    def to_frame(self, keys: tuple[str, ...] | list[str] | None = None):
+        """The metrics as a tidy pandas DataFrame, for notebooks: columns algorithm, seed, the config
+        ``keys`` (dotted, default :attr:`FRAME_KEYS`; absent from this config: None), round (from 1),
+        client, metric, value; a per-class metric is one metric per class, by name: ``recall[malignant]``.
+
+        Needs pandas (``pip install 'mpicd[report]'``). For many files: :func:`load`.
         """
         try:
             import pandas as pd
         except ImportError:
             raise ImportError("Results.to_frame needs pandas: pip install 'mpicd[report]'") from None
+        names = self.class_names
         parts = []
         for name, values in self.metrics.items():
             per_metric = (
-                {name: values}
-                if values.ndim == 2
-                else {f"{name}[{c}]": values[:, :, c] for c in range(values.shape[2])}
+                {name: values} if values.ndim == 2 else {f"{name}[{n}]": values[:, :, c] for c, n in enumerate(names)}
             )
             for metric, array in per_metric.items():
                 rounds, clients = np.indices(array.shape)
@@ -637,13 +666,58 @@ class Results:
                     )
                 )
         frame = pd.concat(parts, ignore_index=True)
+        flat = self.flat_config(operational=True)
+        for at, key in enumerate(self.FRAME_KEYS if keys is None else keys):
+            frame.insert(at, key, pd.Series([flat.get(key)] * len(frame), dtype=object))
         frame.insert(0, "seed", self.config.get("seed"))
         frame.insert(0, "algorithm", self.attrs.get("algorithm"))
         return frame
 
 
-def load(path: str | Path) -> Results:
-    return Results(path)
+def paths_of(glob_or_paths: str | Path | Any) -> list[Path]:
+    """A glob pattern (``"results/sweep/*.h5"``, ``**`` included), one path, or many paths -> the files,
+    sorted for a pattern, in the given order otherwise; a pattern that matches nothing is an error."""
+    import glob
+
+    if isinstance(glob_or_paths, (str, Path)):
+        text = str(glob_or_paths)
+        if not glob.has_magic(text):
+            return [Path(text)]
+        found = sorted(Path(p) for p in glob.glob(text, recursive=True))
+        if not found:
+            raise ResultsFileError(f"{text}: no file matches")
+        return found
+    return [Path(p) for p in glob_or_paths]
+
+
+def differing_keys(flats: list[dict[str, Any]]) -> list[str]:
+    """The dotted config keys whose value (or presence) differs between the configs, sorted; the
+    seed and algorithm.name are left out (always columns)."""
+    keys = sorted({k for flat in flats for k in flat} - {"seed", "algorithm.name"})
+    missing = object()
+    return [k for k in keys if len({repr(flat.get(k, missing)) for flat in flats}) > 1]
+
+
+def load(glob_or_paths: str | Path | Any, keys: tuple[str, ...] | list[str] | None = None):
+    """Many results files as one tidy pandas DataFrame: columns file, algorithm, seed, the config keys
+    that differ between the files (operational keys such as output or eval left out; ``keys`` to
+    choose them; a key a file's config lacks: None), round, client, metric, value. A file that
+    cannot be read raises :class:`ResultsFileError` naming it. Needs pandas.
+    """
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ImportError("mpicd.results.load needs pandas: pip install 'mpicd[report]'") from None
+    runs = [Results(path) for path in paths_of(glob_or_paths)]
+    if not runs:
+        raise ResultsFileError("no results file given")
+    shown = differing_keys([r.flat_config() for r in runs]) if keys is None else list(keys)
+    frames = []
+    for run in runs:
+        frame = run.to_frame(shown)
+        frame.insert(0, "file", str(run.path))
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
 
 
 def _one_line(err: BaseException) -> str:

@@ -135,12 +135,15 @@ print("read without mpi4py")
 def test_results_to_frame_is_a_tidy_table(run_file):
     pytest.importorskip("pandas")
     frame = Results(run_file).to_frame()
-    assert list(frame.columns) == ["algorithm", "seed", "round", "client", "metric", "value"]
+    config_keys = ["data.name", "clients", "data.partition", "data.skew"]  # Results.FRAME_KEYS
+    assert list(frame.columns) == ["algorithm", "seed", *config_keys, "round", "client", "metric", "value"]
     with h5py.File(run_file, "r") as f:
-        metrics = {name: f["metrics"][name][()] for name in f["metrics"]}
-    classes = metrics["recall"].shape[2]
+        metrics = {
+            name: f["metrics"][name][()] for name in f["metrics"] if not h5py.h5ds.is_scale(f["metrics"][name].id)
+        }
+        classes = [c.decode() if isinstance(c, bytes) else c for c in f.attrs["class_names"]]
     expected_names = {n for n, v in metrics.items() if v.ndim == 2} | {
-        f"{n}[{c}]" for n, v in metrics.items() if v.ndim == 3 for c in range(classes)
+        f"{n}[{c}]" for n, v in metrics.items() if v.ndim == 3 for c in classes
     }
     assert set(frame["metric"]) == expected_names
     assert len(frame) == 2 * 2 * len(expected_names)  # rounds x clients x metrics
@@ -148,7 +151,7 @@ def test_results_to_frame_is_a_tidy_table(run_file):
     at = frame.set_index(["round", "client", "metric"])["value"]
     assert at[(2, 1, "minority_acc")] == metrics["minority_acc"][1, 1]
     assert at[(1, 0, "bytes_sent")] == metrics["bytes_sent"][0, 0]
-    assert at[(2, 0, "recall[1]")] == metrics["recall"][1, 0, 1]
+    assert classes == ["malignant", "benign"] and at[(2, 0, "recall[benign]")] == metrics["recall"][1, 0, 1]
 
 
 def test_to_frame_without_pandas_names_the_extra(run_file, monkeypatch):

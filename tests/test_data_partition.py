@@ -1,12 +1,21 @@
 """Partition: exact skew counts in both skew modes, nesting across skews, disjoint clients,
-determinism, and the configuration errors."""
+determinism, and the configuration errors; the natural and Dirichlet partitions against the
+prevalence, the Dirichlet's moments and rounding by hand."""
+
+import hashlib
 
 import numpy as np
 import pytest
 
-from mpicd.config import ConfigError, DataConfig
+from mpicd.config import Config, ConfigError, DataConfig, config_difference, from_mapping, to_mapping
 from mpicd.data import load_dataset
-from mpicd.data.partition import expertise_classes, kept_after_skew, make_partition
+from mpicd.data.partition import (
+    class_proportions,
+    expertise_classes,
+    kept_after_skew,
+    largest_remainder,
+    make_partition,
+)
 
 
 def labels_with(counts, seed=0):
@@ -200,3 +209,153 @@ def test_partition_of_a_loaded_dataset_indexes_only_its_training_split():
         for idx in part.train_indices:
             assert idx.max() < len(ds.train.y)
             assert not {r.tobytes() for r in ds.train.x[idx]} & held
+
+
+# --------------------------------------------------------------------------- natural and Dirichlet partitions
+
+
+def digest(part):
+    return hashlib.sha256(b"".join(idx.tobytes() for idx in part.train_indices)).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "counts, clients, skew, cap, seed, mode, sha",
+    [  # sha256 of the indices, computed with the partition code before data.partition existed
+        (
+            [130, 200, 150],
+            6,
+            0.4,
+            20,
+            11,
+            "symmetric",
+            "3bb624f18a05bc57d62894430bcf1568503a130dc546ab467a2d9257dd21d576",
+        ),
+        ([300, 700], 4, 0.6, None, 3, "authors", "931723d4484118c10e471144c180874109ff84c86e4aed47ef128b94ee24d41c"),
+    ],
+)
+def test_the_default_partition_is_the_one_before_the_new_schemes(counts, clients, skew, cap, seed, mode, sha):
+    labels = labels_with(counts, seed=5 if len(counts) == 3 else 0)
+    assert digest(make_partition(labels, len(counts), clients, skew, cap, seed, mode)) == sha
+
+
+def test_largest_remainder_by_hand():
+    assert largest_remainder(10, np.array([[0.55, 0.45]])).tolist() == [[6, 4]]  # 5.5, 4.5: tie -> class 0
+    assert largest_remainder(10, np.array([[1 / 3, 1 / 3, 1 / 3]])).tolist() == [[4, 3, 3]]
+    assert largest_remainder(7, np.array([[0.1, 0.2, 0.7], [0.5, 0.5, 0.0]])).tolist() == [[1, 1, 5], [4, 3, 0]]
+    assert largest_remainder(0, np.array([[0.2, 0.8]])).tolist() == [[0, 0]]
+
+
+def check_disjoint_and_counted(labels, part, classes):
+    everything = np.concatenate(part.train_indices)
+    assert len(np.unique(everything)) == len(everything) and everything.max() < len(labels)
+    for idx, row in zip(part.train_indices, part.train_counts.tolist()):
+        assert np.bincount(labels[idx], minlength=classes).tolist() == row
+        assert len(idx) > 0
+
+
+@pytest.mark.parametrize("clients, cap", [(1, None), (4, None), (6, None), (4, 60)])
+def test_natural_keeps_the_training_prevalence_within_rounding(clients, cap):
+    counts = [500, 300, 97]
+    labels = labels_with(counts, seed=3)
+    part = make_partition(labels, 3, clients, 0.0, None, seed=2, scheme="natural", images_per_client=cap)
+    check_disjoint_and_counted(labels, part, 3)
+    prevalence = np.array(counts) / sum(counts)
+    m = part.images_per_client
+    assert (part.train_counts.sum(axis=1) == m).all()
+    if cap is None:  # the most every class allows: one more image per client would overdraw a class
+        one_more = clients * largest_remainder(m + 1, prevalence[None, :])[0]
+        assert np.any(one_more > np.array(counts)), "one more image per client would still fit"
+        assert m >= sum(c // clients for c in counts) - 3  # at most one image of each class lost to rounding
+    else:
+        assert m == cap
+    # |n_ic - m p_c| < 1 for every client and class (largest remainders), so the prevalence is within 1/m
+    assert np.all(np.abs(part.train_counts - m * prevalence) < 1)
+    assert np.all(np.abs(part.train_counts / m - prevalence) < 1 / m)
+    assert part.expertise.tolist() == [0] * clients  # the majority class everywhere
+    assert part.base_per_class == 0 and "natural prevalence" in part.description
+
+
+def test_natural_is_nested_across_images_per_client():
+    labels = labels_with([300, 200], seed=1)
+    small, large = (make_partition(labels, 2, 4, 0.0, None, 0, scheme="natural", images_per_client=m) for m in (20, 50))
+    for a, b in zip(as_sets(small), as_sets(large)):
+        assert a < b
+
+
+def test_dirichlet_draws_are_deterministic_per_seed():
+    labels = labels_with([400, 300, 200])
+    a, b, c = (make_partition(labels, 3, 5, 0.0, None, s, scheme="dirichlet", alpha=0.5) for s in (7, 7, 8))
+    np.testing.assert_array_equal(a.proportions, b.proportions)
+    assert digest(a) == digest(b) and a.train_counts.tolist() == b.train_counts.tolist()
+    assert not np.allclose(a.proportions, c.proportions) and digest(a) != digest(c)
+    check_disjoint_and_counted(labels, a, 3)
+    # the same seed, another stream: the draw is not the class permutation's first numbers reused
+    assert a.proportions.shape == (5, 3) and np.allclose(a.proportions.sum(axis=1), 1)
+
+
+def test_dirichlet_counts_round_the_drawn_proportions():
+    labels = labels_with([400, 300, 200])
+    part = make_partition(labels, 3, 5, 0.0, None, 1, scheme="dirichlet", alpha=0.3, images_per_client=40)
+    assert (part.train_counts.sum(axis=1) == 40).all()
+    assert np.all(np.abs(part.train_counts - 40 * part.proportions) < 1)
+    # the expertise class is the most frequent one, ties -> the lowest index, found here by a loop
+    for row, expert in zip(part.train_counts.tolist(), part.expertise.tolist()):
+        assert expert == next(c for c in range(3) if row[c] == max(row))
+    assert part.description == "dirichlet (alpha 0.3), 40 images per client"
+
+
+@pytest.mark.parametrize("alpha", [0.1, 1.0, 10.0])
+def test_dirichlet_proportions_have_the_dirichlet_mean_and_variance(alpha):
+    """E[q_c] = p_c and Var[q_c] = p_c (1 - p_c) / (alpha + 1) for q ~ Dirichlet(alpha p)."""
+    counts = np.array([600, 300, 100])
+    p = counts / counts.sum()
+    labels = labels_with(counts.tolist())
+    q = class_proportions(labels, 3, 20_000, "dirichlet", alpha, seed=4)  # 20,000 clients' draws
+    n = len(q)
+    var = p * (1 - p) / (alpha + 1)
+    assert np.all(np.abs(q.mean(axis=0) - p) < 5 * np.sqrt(var / n))  # 5 standard errors
+    assert np.all(np.abs(q.var(axis=0) / var - 1) < 0.1)
+
+
+def test_every_client_gets_an_image_or_a_clear_error():
+    with pytest.raises(ConfigError) as err:
+        make_partition(labels_with([3, 2]), 2, 6, 0.0, None, 0, scheme="natural")
+    assert err.value.key == "clients" and "6 clients" in str(err.value) and "5 training images" in str(err.value)
+    part = make_partition(labels_with([5, 5]), 2, 10, 0.0, None, 0, scheme="dirichlet", alpha=0.1)
+    assert all(len(idx) == 1 for idx in part.train_indices)
+    with pytest.raises(ConfigError) as err:
+        make_partition(labels_with([100, 10]), 2, 4, 0.0, None, 0, scheme="natural", images_per_client=40)
+    message = str(err.value)  # 40 x (100, 10)/110 = (36.4, 3.6) -> (36, 4): x 4 = (144, 16) for (100, 10)
+    assert err.value.key == "data.images_per_client" and "needs 144 images of class 0, which has 100" in message
+    assert "(short: classes 0, 1)" in message
+    # 27 x (100, 10)/110 = (24.55, 2.45) -> (25, 2), x 4 = (100, 8) fits; 28: (25.45, 2.55) -> (25, 3): 12 > 10
+    assert "the largest that fits is 27" in message
+
+
+@pytest.mark.parametrize(
+    "data, key, words",
+    [
+        ({"partition": "dirichlet"}, "data.dirichlet_alpha", "needs a concentration"),
+        ({"partition": "dirichlet", "dirichlet_alpha": 0}, "data.dirichlet_alpha", "must be > 0"),
+        ({"dirichlet_alpha": 0.5}, "data.dirichlet_alpha", "partition dirichlet only"),
+        ({"partition": "natural", "skew": 0.5}, "data.skew", "partition expertise only"),
+        ({"partition": "natural", "skew_mode": "authors"}, "data.skew_mode", "partition expertise only"),
+        ({"partition": "dirichlet", "dirichlet_alpha": 1, "images_per_class": 5}, "data.images_per_class", "only"),
+        ({"images_per_client": 50}, "data.images_per_client", "natural or dirichlet only"),
+        ({"partition": "iid"}, "data.partition", "expertise"),
+    ],
+)
+def test_partition_keys_are_checked_with_clear_errors(data, key, words):
+    with pytest.raises(ConfigError) as err:
+        from_mapping(Config, {"data": data})
+    assert err.value.key == key and words in str(err.value)
+
+
+def test_files_before_the_partition_keys_count_as_the_expertise_partition():
+    now, before = to_mapping(Config()), to_mapping(Config())
+    now["algorithm"] = before["algorithm"] = {"name": "fedavg"}  # no algorithm keys added later
+    for key in ("partition", "dirichlet_alpha", "images_per_client"):
+        del before["data"][key]
+    assert config_difference(before, now, "the file", "this run") is None
+    now["data"]["partition"] = "natural"
+    assert "data.partition" in config_difference(before, now, "the file", "this run")

@@ -63,6 +63,9 @@ KEYS = {
     "data.images_per_class": Key("int", 1, optional=True),
     "data.skew": Key("float", 0, False, 1),
     "data.skew_mode": Key("choice", choices=("symmetric", "authors")),
+    "data.partition": Key("choice", choices=("expertise", "natural", "dirichlet")),
+    "data.dirichlet_alpha": Key("float", 0, True, optional=True, always_bad=True),  # dirichlet only
+    "data.images_per_client": Key("int", 1, optional=True, always_bad=True),  # natural, dirichlet only
     "model.name": Key("choice", choices=("auto", "lenet", "fedavgcnn", "mlp", "resnet18")),
     "model.feature_dim": Key("int", 1, hi=65536, hi_open=False),
     "model.hidden": Key("int", 1, hi=65536, hi_open=False),

@@ -55,10 +55,13 @@ def config(**dotted):
     return tree
 
 
-def write(path, cfg, minority, *, completed=None, val=None, sent=800, recv=400, balanced=None):
+def write(
+    path, cfg, minority, *, completed=None, val=None, sent=800, recv=400, balanced=None, recall=None, class_names=None
+):
     """A results file in mpicd's layout. ``minority``: per round, a score (both clients equal) or a
     per-client list; balanced_acc = minority + 0.1 (or ``balanced``, given like ``minority``) and
-    test_acc = minority + 0.2 everywhere."""
+    test_acc = minority + 0.2 everywhere. ``recall``: (rounds, clients, classes) values of
+    /metrics/recall; ``class_names``: the attr, if given."""
     m = np.array([[v, v] if np.isscalar(v) else v for v in minority], dtype=float)
     b = m + 0.1 if balanced is None else np.array([[v, v] if np.isscalar(v) else v for v in balanced], dtype=float)
     rounds, clients = cfg["rounds"], m.shape[1]
@@ -101,6 +104,12 @@ def write(path, cfg, minority, *, completed=None, val=None, sent=800, recv=400, 
         f.create_dataset("comm/teacher", (rounds, clients), dtype="i8", fillvalue=-1)
         f.create_dataset("comm/outside_rounds", data=np.zeros((clients, 2), dtype=np.int64))
         f.create_dataset("partition/expertise", data=np.arange(clients) % 2)
+        if recall is not None:
+            values = np.array(recall, dtype=float)
+            d = f.create_dataset("metrics/recall", (rounds, *values.shape[1:]), dtype="f8", fillvalue=np.nan)
+            d[: len(values)] = values
+        if class_names is not None:
+            f.attrs["class_names"] = class_names
     return path
 
 
@@ -402,6 +411,55 @@ def test_versus_metric_compares_balanced_accuracy_and_versus_only_prints_just_th
         assert bad.returncode == 2 and "needs --versus" in bad.stderr, alone
     wrong = run_cli(*files, "--versus", "local", "--versus-metric", "val_acc")
     assert wrong.returncode == 2 and "--versus-metric" in wrong.stderr
+
+
+def test_versus_metric_recall_of_a_class_by_name(tmp_path):
+    """recall:<class>: the mean over clients of that class's recall, scored like the others (last round).
+
+    malignant, codistill minus local by seed: (0.9 + 0.7) / 2 - 0.6 = 0.2, (0.8 + 0.6) / 2 - 0.55 = 0.15,
+    (1.0 + 0.8) / 2 - 0.75 = 0.15: mean 0.166667, sd sqrt((0.033333² + 2 x 0.016667²) / 2) = 0.028868,
+    half-width t(0.975, 2) x 0.028868 / sqrt(3) = 4.302653 x 0.016667 = 0.071711: wins. benign: 0.5 - 0.9
+    on every seed: -0.4, sd 0: loses. Minority accuracy is 0.5 for both: +0.000, ties."""
+    malignant = {("codistill", 0): (0.9, 0.7), ("codistill", 1): (0.8, 0.6), ("codistill", 2): (1.0, 0.8)}
+    malignant |= {("local", 0): (0.6, 0.6), ("local", 1): (0.55, 0.55), ("local", 2): (0.75, 0.75)}
+    benign = {"codistill": 0.5, "local": 0.9}
+    algo = {"codistill": BASE["algorithm"], "local": {"name": "local"}}
+    files = []
+    for (a, seed), (m0, m1) in malignant.items():
+        last = [[m0, benign[a]], [m1, benign[a]]]  # (client, class) in the last round; earlier rounds far off
+        recall = [[[0.0, 0.0], [0.0, 0.0]], [[0.1, 0.1], [0.1, 0.1]], last]
+        cfg = config(seed=seed, algorithm=algo[a])
+        files.append(
+            write(tmp_path / f"{a}-{seed}.h5", cfg, final(0.5), recall=recall, class_names=["malignant", "benign"])
+        )
+    result = run_cli(
+        *files, "--versus", "local", "--versus-metric", "recall:malignant", "--versus-csv", tmp_path / "m.csv"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "recall:malignant: each method minus local" in result.stdout
+    assert "| codistill | local | 3 | +0.167 | [+0.095, +0.238] | wins |" in result.stdout
+    (row,) = csv.DictReader((tmp_path / "m.csv").open())
+    assert row["metric"] == "recall:malignant" and float(row["mean_diff"]) == pytest.approx(0.166667, abs=1e-6)
+    assert float(row["ci_low"]) == pytest.approx(0.166667 - 0.071711, abs=1e-5)
+    benign_run = run_cli(*files, "--versus", "local", "--versus-metric", "recall:benign", "--versus-only")
+    assert "| codistill | local | 3 | -0.400 | [-0.400, -0.400] | loses |" in benign_run.stdout
+    minority = run_cli(*files, "--versus", "local", "--versus-only")
+    assert "| codistill | local | 3 | +0.000 | [+0.000, +0.000] | ties |" in minority.stdout
+    unknown = run_cli(*files, "--versus", "local", "--versus-metric", "recall:malignent")
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1, unknown.stderr
+    assert "has no class 'malignent' (its classes: malignant, benign)" in unknown.stderr
+    for bad in ("recall:", "precision:malignant", "recall"):
+        wrong = run_cli(*files, "--versus", "local", "--versus-metric", bad)
+        assert wrong.returncode == 2 and "recall:CLASS" in wrong.stderr, bad
+
+
+def test_recall_by_class_index_in_a_file_without_class_names(tmp_path):
+    recall = [[[0.0, 0.2], [0.4, 0.6]], [[0.2, 0.4], [0.6, 1.0]]]  # last round: class 1 mean (0.4 + 1.0) / 2
+    cfg = config(rounds=2)
+    run = summarize(write(tmp_path / "old.h5", cfg, [0.1, 0.2], recall=recall))
+    assert run.class_names == ("0", "1")
+    assert run.scores["recall:1"] == pytest.approx(0.7) and run.scores["recall:0"] == pytest.approx(0.4)
+    assert "recall:malignant" not in run.scores
 
 
 # ----------------------------------------------------------------------------- CSV and plots
