@@ -84,6 +84,8 @@ class Settings:
     timeout: float = 3600.0
     threads: int | None = None  # single-process parts; None: what mpicd gives one rank
     quick: bool = False
+    write_ranks: tuple = ()  # the results write vs ranks (mpicd.bench_write); empty: not measured
+    write_rounds: int = 17
 
 
 def stats(values) -> dict:
@@ -108,7 +110,18 @@ def settings_for(args) -> Settings:
         net_most=100 if quick else 1000,
         quick=quick,
         overrides=["data.images_per_class=40"] if quick else [],
+        write_ranks=(2, 5) if quick else (),
+        write_rounds=5 if quick else 17,
     )
+    if getattr(args, "write_ranks", None):
+        try:
+            s.write_ranks = tuple(int(n) for n in args.write_ranks.split(","))
+        except ValueError:
+            raise BenchError(
+                f"--write-ranks must be a comma-separated list of rank counts, got {args.write_ranks!r}"
+            ) from None
+        if any(n < 1 for n in s.write_ranks):
+            raise BenchError(f"--write-ranks must be at least 1 each, got {args.write_ranks!r}")
     for name in ("ranks", "repeats", "rounds"):
         value = getattr(args, name)
         if value is not None:
@@ -724,6 +737,10 @@ def render(r: dict) -> str:
                 f"   {ranks:>6}" + "".join(f"{alg['round_seconds'][i]:>12.4g}" for alg in m["algorithms"].values())
             )
     lines += ["   assumptions:"] + [f"   - {a}" for a in pr["assumptions"]]
+    if "write_vs_ranks" in r:
+        from .bench_write import render as render_write
+
+        lines += render_write(r["write_vs_ranks"])
     return "\n".join(lines)
 
 
@@ -798,6 +815,14 @@ def bench(s: Settings, log=print) -> dict:
         over = overhead(folder, raw, s)
         par = parallel(folder, raw, s)
         projected = projection(net, raw["models"], compute, write)
+        written = None
+        if s.write_ranks:
+            from . import bench_write
+
+            quickstart = ROOT / "configs" / "quickstart.yaml"
+            written = bench_write.sweep(
+                run_job, list(s.write_ranks), s.write_rounds, folder, s.timeout, quickstart, log
+            )
         a, b = net["pingpong"]["latency_seconds"], net["pingpong"]["bandwidth_bytes_per_second"]
         projected["check_at_measured_ranks"] = {  # the model has no waiting for slower ranks; the measurement has
             name: {
@@ -822,6 +847,7 @@ def bench(s: Settings, log=print) -> dict:
             "startup_seconds": boot,
             "network": net,
             "projection": projected,
+            **({"write_vs_ranks": written} if written else {}),
         }
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -5,8 +5,9 @@ Each rank saves its whole state after a round into ``<results>.ckpt/rank<R>.roun
 fsynced, renamed, so a checkpoint is either complete or absent; a file that does not load is
 ignored. The last two per rank *of this run* are kept: ranks synchronise every round (the progress
 Allreduce), so no rank can be more than one checkpoint ahead of another, and the newest round that
-every rank holds always survives. Another run's checkpoints in the same folder (a results file
-deleted and made again, say) are never loaded and never count towards this run's two.
+every rank holds always survives; so does the newest at or before the rounds the results file
+holds (its rows are flushed every few rounds), where a resume after a crash starts. Another run's checkpoints in the same
+folder (a results file deleted and made again, say) are never loaded and never count towards this run's two.
 """
 
 from __future__ import annotations
@@ -59,9 +60,13 @@ def available(folder: Path, rank: int, run_id: str) -> list[int]:
     return inventory(folder).get(run_id, {}).get(rank, [])
 
 
-def save(folder: Path, rank: int, completed: int, state: dict, run_id: str, during=lambda: None) -> Path:
+def save(
+    folder: Path, rank: int, completed: int, state: dict, run_id: str, during=lambda: None, claimed: int | None = None
+) -> Path:
     """Atomically write this rank's state after ``completed`` rounds; drop all but this run's
-    newest KEEP. A failed write (a full disk) removes its temporary file and leaves the older
+    newest KEEP and, with ``claimed`` (the rounds the results file holds: its rows are flushed
+    every few rounds, mpicd.results.flush_interval), the newest at or before it, the one a
+    resume after a crash starts from. A failed write (a full disk) removes its temporary file and leaves the older
     checkpoints as they were. ``during``: called with the temporary file written but not yet
     renamed (fault injection: ``debug.fail_at: in_checkpoint``)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -98,8 +103,11 @@ def save(folder: Path, rank: int, completed: int, state: dict, run_id: str, duri
         os.fsync(dir_fd)  # the rename itself survives a crash
     finally:
         os.close(dir_fd)
-    for old in available(folder, rank, run_id)[KEEP:]:
-        path_for(folder, rank, old, run_id).unlink(missing_ok=True)
+    rounds = available(folder, rank, run_id)
+    usable = next((c for c in rounds if claimed is None or c <= claimed), None)
+    for old in rounds[KEEP:]:
+        if old != usable:
+            path_for(folder, rank, old, run_id).unlink(missing_ok=True)
     return final
 
 

@@ -148,6 +148,12 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
         action="store_true",
         help="smoke test: 2 ranks, 2 rounds, 1 repeat, 40 images per class, 2 message sizes",
     )
+    bench.add_argument(
+        "--write-ranks",
+        metavar="LIST",
+        help="also measure the results write per round on these rank counts, e.g. 2,4,8,16,32 "
+        "(flushed every round vs checkpoint.flush_every: auto; --quick: 2,5)",
+    )
     bench.add_argument("--config", help="an image dataset's config (default configs/pneumoniamnist.yaml)")
     bench.add_argument("--data", metavar="NPZ", help="the dataset file (sets data.path)")
     bench.add_argument("--json", metavar="FILE", help="write every figure as JSON")

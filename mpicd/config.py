@@ -226,6 +226,13 @@ class CheckpointConfig:
     every: int = spec(
         1, ge=0, doc="save every rank's state every N rounds (0: never) beside the results file, for --resume"
     )
+    flush_every: Union[int, Literal["auto"]] = spec(
+        "auto",
+        ge=1,
+        doc="write and flush the results file's rows every N rounds (they wait in memory in between: a crash "
+        "loses at most N-1 rounds, which --resume recomputes); auto: ceil(ranks / 4), so the write per round "
+        "stays flat in the ranks; always at a stop and at the end",
+    )
 
 
 @dataclass

@@ -315,11 +315,12 @@ def _rounds(
     guard: NonFiniteGuard,
     run_id: str,
 ) -> Outcome:
-    from .results import RoundRow
+    from .results import RoundRow, flush_interval
 
     from .sweep import duration
 
     cfg, ledger, every = plan.config, comm.ledger, plan.config.checkpoint.every
+    flush_every = flush_interval(cfg.checkpoint.flush_every, comm.size)
     began, one_class = time.perf_counter(), []  # one_class: per evaluated round, a one-hot test recall
     for r in range(start, cfg.rounds):
         started = time.perf_counter()
@@ -345,24 +346,7 @@ def _rounds(
         if cfg.eval.diagnostics:  # after end_round: the probe features count outside rounds
             watchdog.phase = "diagnostics (eval.diagnostics)"
             diag = client.round_diagnostics(r)
-        watchdog.phase = "writing the results row"
-        writer.write_round(
-            r,
-            RoundRow(
-                loss=loss,
-                test=test,
-                val=val,
-                train=own,
-                traffic=traffic,
-                compute_seconds=elapsed - traffic.seconds,
-                teacher=client.algorithm.teacher(),
-                train_seconds=trained - started - traffic.seconds,
-                eval_seconds=finished - trained,
-                skipped=int(guard.dropped),
-                diag=diag,
-            ),
-        )
-        # Progress line and stop agreement: a small Allreduce outside the round's ledger row.
+        # Progress line, stop agreement: a small Allreduce outside the round's ledger row.
         summary = comm.allreduce_sum(
             np.array(
                 [np.nan if test is None else test.minority_acc, traffic.total_sent, elapsed, float(stop_requested())]
@@ -370,6 +354,26 @@ def _rounds(
         )
         stop = summary[3] > 0 and r + 1 < cfg.rounds
         interrupted = summary[3] >= signals.INTERRUPTED
+        watchdog.phase = "writing the results row"
+        writer.write_round(
+            r,
+            {
+                comm.rank: RoundRow(
+                    loss=loss,
+                    test=test,
+                    val=val,
+                    train=own,
+                    traffic=traffic,
+                    compute_seconds=elapsed - traffic.seconds,
+                    teacher=client.algorithm.teacher(),
+                    train_seconds=trained - started - traffic.seconds,
+                    eval_seconds=finished - trained,
+                    skipped=int(guard.dropped),
+                    diag=diag,
+                )
+            },
+            flush=stop or (r + 1) % flush_every == 0 or r + 1 == cfg.rounds,
+        )
         getattr(stop_requested, "round_took", lambda seconds: None)(time.perf_counter() - started)
         if comm.rank == 0:
             minority = "     -" if test is None else f"{summary[0] / comm.size:.4f}"
@@ -389,6 +393,7 @@ def _rounds(
                 _state(plan, client, ledger),
                 run_id,
                 during=lambda: fault.at("in_checkpoint"),
+                claimed=writer.claimed,
             )
         if stop:
             writer.close()

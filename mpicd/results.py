@@ -32,12 +32,13 @@ Readers here skip the scales (:func:`is_scale`).
 The per-round datasets are declared once in :func:`columns`; creation, the collective write and
 the serial fallback's pack/unpack all follow that table.
 
-With h5py built against MPI (driver ``mpio``) every rank writes its own row with independent
-I/O (a third of the time of one collective write per column, measured in BENCHMARKS.md), and all
-ranks make every metadata change and the per-round flush together. Without MPI support rank 0 gathers the rows (through
-``comm``, so the bytes are counted) and writes serially: the same layout. The file is flushed
-after every round and ``completed_rounds`` (updated in place) says how many rows are valid, so a
-crash leaves the finished rounds readable.
+With h5py built against MPI (driver ``mpio``) every rank writes its own clients' rows with
+independent I/O (a third of the time of one collective write per column, measured in
+BENCHMARKS.md), and all ranks make every metadata change and every flush together. Without MPI
+support rank 0 gathers the rows (through ``comm``, so the bytes are counted) and writes serially:
+the same layout. Rows wait in memory and are written, claimed in ``completed_rounds`` (updated in
+place) and flushed every :func:`flush_interval` rounds, at a stop and at the end, so a crash
+leaves the flushed rounds readable and loses at most the buffered ones.
 """
 
 from __future__ import annotations
@@ -289,8 +290,30 @@ def unpack(vector: np.ndarray, cols: list[Column]) -> list[np.ndarray]:
 PLACEMENT_STRINGS = {"host": 64, "device": 16, "cpu": 64}
 
 
+def flush_interval(flush_every: int | str, ranks: int) -> int:
+    """Rounds between flushes of the results file (``checkpoint.flush_every``).
+
+    A flush is collective and on oversubscribed cores its cost grows with the ranks (16 ranks on 2
+    cores: ~15 ms against ~1 ms at 2; BENCHMARKS.md), so ``auto`` flushes every ceil(ranks / 4)
+    rounds: every round up to 4 ranks, every 8th at 32, which keeps the write per round flat in the
+    ranks. Between flushes the rows wait in memory: a crash loses at most that many rounds, which
+    ``--resume`` recomputes from the checkpoint (one at or before the flushed round is kept).
+    """
+    if flush_every == "auto":
+        return max(1, -(-ranks // 4))
+    return int(flush_every)
+
+
 class ResultsWriter:
-    """Create (or, resuming, reopen) the file collectively, then ``write_round`` once per round."""
+    """Create (or, resuming, reopen) the file collectively, then ``write_round`` once per round.
+
+    ``clients``: the clients this rank holds (default: the one whose index is the rank), of
+    ``num_clients`` in the run (default: the ranks). Each round's rows are kept in memory until a
+    *flush* round (``write_round(..., flush=True)``, agreed by every rank): then every buffered row
+    is written, ``completed_rounds`` moves to the flushed round, and the file is flushed; a crash
+    between flushes loses only the buffered rows, which ``--resume`` recomputes from the checkpoint
+    (:mod:`mpicd.flushing` says when to flush).
+    """
 
     def __init__(
         self,
@@ -306,16 +329,25 @@ class ResultsWriter:
         placement: dict,
         parallel: bool | None = None,
         resume_at: int | None = None,
+        clients: list[int] | None = None,
+        num_clients: int | None = None,
     ):
         self.comm = comm
         self.rounds = rounds
         self.cols = columns(num_classes)
-        self._pending_write: tuple[int, float] | None = None  # (round, seconds) of the last write
+        self.clients = sorted(clients) if clients is not None else [comm.rank]
+        self.num_clients = comm.size if num_clients is None else num_clients
+        self.claimed = resume_at or 0  # the rounds completed_rounds says are in the file
+        self.last_flush_seconds = 0.0  # this rank's time in the last flush's metadata update and flush
+        self._buffer: dict[int, dict[int, list]] = {}  # round -> client -> column values, not yet written
+        self._times: dict[int, float] = {}  # round -> seconds of its write_round, not yet written
         self.on_write: Callable[[], None] | None = None  # called inside write_round, before the writes
         self.parallel = h5py.get_config().mpi if parallel is None else parallel
         if not self.parallel and comm.rank == 0:
             why = "serial writer requested" if h5py.get_config().mpi else "h5py has no MPI support"
             warnings.warn(f"{why}: rank 0 gathers the results and writes them serially", RuntimeWarning, stacklevel=2)
+        # serial: every rank sends the same number of rows (padded), so one Allgather carries them
+        self._held = len(self.clients) if self.parallel else int(comm.allgather(np.array([len(self.clients)])).max())
         path = Path(path)
         self.file = None
         self.writer = "mpio" if self.parallel else "serial"
@@ -330,7 +362,7 @@ class ResultsWriter:
         if self.file is None:
             return
         if resume_at is None:
-            self._create(self.file, rounds, comm.size, num_classes, {**attrs, "writer": self.writer})
+            self._create(self.file, rounds, self.num_clients, num_classes, {**attrs, "writer": self.writer})
             if comm.rank == 0:  # every rank knows the partition; one independent write suffices
                 self.file["partition/train_counts"][...] = train_counts
                 self.file["partition/test_counts"][...] = test_counts
@@ -344,10 +376,10 @@ class ResultsWriter:
                 f"placement/{key}",
                 (),
                 {
-                    rank: np.bytes_(str(row[key]).encode()[: PLACEMENT_STRINGS[key]])
+                    client: np.bytes_(str(row[key]).encode()[: PLACEMENT_STRINGS[key]])
                     if key in PLACEMENT_STRINGS
                     else row[key]
-                    for rank, row in rows.items()
+                    for client, row in rows.items()
                 },
             )
         self.file.flush()
@@ -355,35 +387,37 @@ class ResultsWriter:
     def _clear_rows_from(self, first: int) -> None:
         """Resuming at round ``first``: rows from there on (an earlier attempt's, past the
         checkpoint) go back to their fill values, so no row past completed_rounds holds data of
-        another attempt. Each rank clears its own column (parallel) or rank 0 all (serial)."""
-        ranks = [self.comm.rank] if self.parallel else range(self.comm.size)
+        another attempt. Each rank clears its own clients' columns (parallel) or rank 0 all (serial)."""
+        clients = self.clients if self.parallel else range(self.num_clients)
         for name in [col.path for col in self.cols] + ["metrics/write_seconds"]:
             dset = self.file[name]
             if first >= dset.shape[0]:
                 continue
-            for rank in ranks:
-                dset[(slice(first, None), rank)] = dset.fillvalue
+            for client in clients:
+                dset[(slice(first, None), client)] = dset.fillvalue
 
     def _gather(self, mine: dict) -> dict[int, dict]:
-        """{rank: placement} of the ranks this process writes for (all of them when serial)."""
+        """{client: placement} of the clients this process writes for (all of them when serial)."""
         if self.parallel:
-            return {self.comm.rank: mine}
+            return dict.fromkeys(self.clients, mine)
         width = sum(PLACEMENT_STRINGS.values())
-        text = np.zeros(width + 2, dtype=np.int64)
+        text = np.zeros(width + 2 + self._held, dtype=np.int64)
         at = 0
         for key, n in PLACEMENT_STRINGS.items():
             raw = str(mine[key]).encode()[:n]
             text[at : at + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
             at += n
-        text[width:] = [mine["local_rank"], mine["threads"]]
+        text[width : width + 2] = [mine["local_rank"], mine["threads"]]
+        text[width + 2 :] = -1
+        text[width + 2 : width + 2 + len(self.clients)] = self.clients
         rows = {}
-        for rank, vec in enumerate(self.comm.allgather(text)):
+        for vec in self.comm.allgather(text):
             row, at = {}, 0
             for key, n in PLACEMENT_STRINGS.items():
                 row[key] = bytes(vec[at : at + n].astype(np.uint8)).rstrip(b"\0").decode()
                 at += n
             row["local_rank"], row["threads"] = int(vec[width]), int(vec[width + 1])
-            rows[rank] = row
+            rows.update({int(c): row for c in vec[width + 2 :] if c >= 0})
         return rows
 
     def _create(self, f: h5py.File, rounds: int, clients: int, classes: int, attrs: dict) -> None:
@@ -420,52 +454,87 @@ class ResultsWriter:
             for (_, dim), scale in scales.items():
                 scale[...] = values[dim]
 
-    def write_round(self, round_index: int, row: RoundRow) -> None:
-        """Every rank calls this with its own row; the file is flushed before it returns.
+    def write_round(self, round_index: int, rows: dict[int, RoundRow], flush: bool = True) -> None:
+        """Every rank calls this with the rows of the clients it holds ({client: row}), and the
+        same ``flush``: False keeps the rows in memory; True writes every buffered row and flushes
+        the file before it returns (collective).
 
-        The seconds this write takes are known only after it: they go to ``write_seconds`` with
-        the next row (or at :meth:`close`), so timing costs no extra collective write.
+        The seconds a call takes are known only after it: they are written with the next flush
+        (or at :meth:`close`), so timing costs no extra write.
         """
         started = time.perf_counter()
-        values = [col.get(row) for col in self.cols]
-        previous = self._pending_write
-        timing = {self.comm.rank: previous[1]} if previous else {}
-        if self.parallel:
-            per_rank = {self.comm.rank: values}
-        else:
-            gathered = self.comm.allgather(pack([*values, previous[1] if previous else np.nan]))
-            per_rank = {rank: unpack(v[:-1], self.cols) for rank, v in enumerate(gathered)}
-            timing = {rank: v[-1] for rank, v in enumerate(gathered)} if previous else {}
+        if sorted(rows) != self.clients:
+            raise ValueError(f"write_round: rows for clients {sorted(rows)}, but this rank holds {self.clients}")
+        self._buffer[round_index] = {client: [col.get(row) for col in self.cols] for client, row in rows.items()}
         if self.on_write is not None:  # fault injection (debug.fail_at: in_write)
             self.on_write()
+        if flush:
+            self._flush(round_index)
+        self._times[round_index] = time.perf_counter() - started
+
+    def _flush(self, round_index: int) -> None:
+        """Write the buffered rows and the known write times, then claim them (collective)."""
+        if self.parallel:
+            rows = self._buffer
+            times = {r: dict.fromkeys(self.clients, t) for r, t in self._times.items()}
+        else:
+            rows, times = self._gathered()
         if self.file is not None:
-            for i, col in enumerate(self.cols):
-                self._put(col.path, (round_index,), {rank: vals[i] for rank, vals in per_rank.items()})
-            if previous:
-                self._put("metrics/write_seconds", (previous[0],), timing)
+            for r in sorted(rows):
+                for i, col in enumerate(self.cols):
+                    self._put(col.path, (r,), {client: vals[i] for client, vals in rows[r].items()})
+            for r, seconds in times.items():
+                self._put("metrics/write_seconds", (r,), seconds)
+            began = time.perf_counter()
             # modify writes the value in place: no window where the attribute is deleted. The last
             # round is claimed by close(), after the bytes outside rounds: a job killed in between
             # leaves a file that --resume finishes, never a "complete" one without them.
             if round_index + 1 < self.rounds:
                 self.file.attrs.modify("completed_rounds", round_index + 1)
             self.file.flush()
-        self._pending_write = (round_index, time.perf_counter() - started)
+            self.last_flush_seconds = time.perf_counter() - began
+        if round_index + 1 < self.rounds:
+            self.claimed = round_index + 1
+        self._buffer.clear()
+        self._times.clear()
+
+    def _gathered(self) -> tuple[dict[int, dict[int, list]], dict[int, dict[int, float]]]:
+        """Serial writer: every rank's buffered rows and unwritten write times, on every rank: one
+        Allgather of float64 (integers up to 2**53 are exact). Every rank buffers the same rounds
+        (flushes are agreed), and pads to the same number of clients, so the blocks line up."""
+        rounds, timed = sorted(self._buffer), sorted(self._times)
+        width = sum(int(np.prod(c.shape)) if c.shape else 1 for c in self.cols)
+        values = np.full((len(rounds), self._held, 1 + width), np.nan)
+        seconds = np.full((len(timed), self._held, 2), np.nan)
+        for j, client in enumerate(self.clients):
+            for i, r in enumerate(rounds):
+                values[i, j] = [client, *pack(self._buffer[r][client])]
+            for i, r in enumerate(timed):
+                seconds[i, j] = [client, self._times[r]]
+        rows: dict[int, dict[int, list]] = {r: {} for r in rounds}
+        times: dict[int, dict[int, float]] = {r: {} for r in timed}
+        for vec in self.comm.allgather(np.concatenate([values.ravel(), seconds.ravel()])):
+            for i, r in enumerate(rounds):
+                for row in vec[: values.size].reshape(values.shape)[i]:
+                    if not np.isnan(row[0]):
+                        rows[r][int(row[0])] = unpack(row[1:], self.cols)
+            for i, r in enumerate(timed):
+                for client, t in vec[values.size :].reshape(seconds.shape)[i]:
+                    if not np.isnan(client):
+                        times[r][int(client)] = t
+        return rows, times
 
     def _put(self, name: str, index: tuple, values: dict) -> None:
-        """Write ``values[rank]`` at ``dset[(*index, rank)]``: this rank's row, or all rows serially.
+        """Write ``values[client]`` at ``dset[(*index, client)]``: this rank's clients, or all serially.
 
-        Parallel: an independent write of this rank's own contiguous row. A collective write per
+        Parallel: independent writes of this rank's own contiguous rows. A collective write per
         column made every rank wait for all others ~22 times a round (4 ranks on 2 busy cores:
-        350-480 ms a round, against 110-170 ms now; BENCHMARKS.md); the round's one
-        synchronisation is the flush (collective, MPI_File_sync), after which every row is in the file.
+        350-480 ms a round, against 110-170 ms now; BENCHMARKS.md); the one synchronisation is
+        the flush (collective, MPI_File_sync), after which every row is in the file.
         """
         dset = self.file[name]
-        if self.parallel:
-            ((rank, value),) = values.items()
-            dset[(*index, rank)] = value
-        else:
-            for rank, value in values.items():
-                dset[(*index, rank)] = value
+        for client, value in values.items():
+            dset[(*index, client)] = value
 
     def set_attr(self, key: str, value: Any) -> None:
         """Set a root attribute; collective, so every rank must pass the same value."""
@@ -473,23 +542,43 @@ class ResultsWriter:
             self.file.attrs[key] = value
             self.file.flush()
 
-    def close(self) -> None:
-        """Collective: record this rank's traffic outside rounds, then close the file; after the
-        last round, only then (flushed first) does ``completed_rounds`` say that the run is complete.
+    def close(self, outside: dict | None = None) -> None:
+        """Collective: write what is still buffered, record the traffic outside rounds
+        (``outside``: {client: Traffic}; default: this rank's ledger, for its first client), then
+        close the file; after the last round, only then (flushed first) does ``completed_rounds``
+        say that the run is complete.
 
         Call only on success or at an agreed stop; a failing rank must abort instead (a
         collective close would wait for ranks that are blocked elsewhere). The rounds already
         flushed stay readable.
         """
-        outside = self.comm.ledger.outside_rounds
-        previous = self._pending_write
-        mine = np.array([outside.total_sent, outside.total_recv, previous[1] if previous else np.nan])
-        rows = {self.comm.rank: mine} if self.parallel else dict(enumerate(self.comm.allgather(mine)))
+        if self._buffer:  # rows an agreed stop or the last round did not flush
+            last, began = max(self._buffer), time.perf_counter()
+            self._flush(last)
+            self._times[last] = time.perf_counter() - began
+        if outside is None:
+            outside = {self.clients[0]: self.comm.ledger.outside_rounds}
+        mine = np.full((self._held, 3), np.nan)
+        for j, client in enumerate(self.clients):
+            if client in outside:
+                mine[j] = [client, outside[client].total_sent, outside[client].total_recv]
+        if self.parallel:
+            blocks = [mine]
+            times = {r: dict.fromkeys(self.clients, t) for r, t in self._times.items()}
+        else:
+            rows, times = self._gathered()  # nothing buffered: only the write times
+            blocks = [v.reshape(mine.shape) for v in self.comm.allgather(mine.ravel())]
+        last = max(self._times, default=-1)
         if self.file is not None:
-            self._put("comm/outside_rounds", (), {rank: v[:2].astype(np.int64) for rank, v in rows.items()})
-            if previous:
-                self._put("metrics/write_seconds", (previous[0],), {rank: v[2] for rank, v in rows.items()})
-            if previous and previous[0] + 1 == self.rounds:
+            for block in blocks:
+                self._put(
+                    "comm/outside_rounds",
+                    (),
+                    {int(c): np.array([s, r], dtype=np.int64) for c, s, r in block if not np.isnan(c)},
+                )
+            for r, seconds in times.items():
+                self._put("metrics/write_seconds", (r,), seconds)
+            if last + 1 == self.rounds:
                 self.file.flush()  # the data first, so the claim never precedes it on disk
                 self.file.attrs.modify("completed_rounds", self.rounds)
             self.file.close()

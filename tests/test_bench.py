@@ -93,6 +93,21 @@ def test_quick_bench_writes_every_key_with_sane_values(quick):
         assert line in stdout, line
 
 
+def test_quick_bench_measures_the_write_at_two_rank_counts(quick):
+    r, stdout = quick
+    w = r["write_vs_ranks"]
+    assert w["ranks"] == [2, 5] and w["rounds"] == 5
+    # flushed every round, and auto: ceil(ranks / 4) rounds between flushes (1 at 2 ranks, 2 at 5)
+    assert [e["flush_every"] for e in w["every_round"]] == [1, 1]
+    assert [e["flush_every"] for e in w["auto"]] == [1, 2]
+    for name in ("every_round", "auto"):
+        for entry in w[name]:
+            assert entry["rounds"] == 4  # the first of 5 rounds is the warm-up
+            assert all(math.isfinite(entry[k]) and entry[k] > 0 for k in ("mean", "median")), (name, entry)
+        assert w["growth"][name] == pytest.approx(w[name][1]["mean"] / w[name][0]["mean"])
+    assert "results write per round vs ranks" in stdout
+
+
 def test_projection_follows_its_stated_formulas(quick):
     r, _ = quick
     pr = r["projection"]

@@ -82,6 +82,7 @@ KEYS = {
     "eval.train_split": Key("bool"),
     "eval.diagnostics": Key("bool"),
     "checkpoint.every": Key("int", 0),
+    "checkpoint.flush_every": Key("int", 1, choices=("auto",)),
     "debug.fail_rank": Key("int", 0, optional=True),
     "debug.fail_round": Key("int", 0),
     "debug.fail_kind": Key("choice", choices=("exception", "exit", "kill", "hang", "nan")),

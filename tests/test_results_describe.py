@@ -188,10 +188,10 @@ RESUME = textwrap.dedent(
             path = Path(sys.argv[1]) / f"{'mpio' if parallel else 'serial'}.h5"
             w = writer(path, parallel)
             for r in range(3):
-                w.write_round(r, row(r))
+                w.write_round(r, {rank: row(r)})
             w.close()
             w = writer(path, parallel, resume_at=1)  # rows 1 and 2 back to fill values
-            w.write_round(1, row(1))
+            w.write_round(1, {rank: row(1)})
             w.close()
     """
 )

@@ -38,9 +38,11 @@ with abort_on_exception(comm.mpi), warnings.catch_warnings(record=True) as caugh
             loss = EpochLoss(total=rank + r / 10, ce=rank + r / 4, extra=0.25)
             writer.write_round(
                 r,
-                RoundRow(
-                    loss=loss, test=test, val=val, traffic=traffic, compute_seconds=1.5, teacher=(rank + 1) % size
-                ),
+                {
+                    rank: RoundRow(
+                        loss=loss, test=test, val=val, traffic=traffic, compute_seconds=1.5, teacher=(rank + 1) % size
+                    )
+                },
             )
         writer.close()
     serial_warnings = [w for w in caught if "serially" in str(w.message)]
