@@ -1,7 +1,7 @@
 """The network as the current launch sees it: ping-pong and Allreduce over message sizes, and a
 latency + bytes / bandwidth fit, for ``mpicd bench``'s projection to many ranks.
 
-    mpirun -n 2 python -m mpicd.bench_net [--sizes 8,64,...] [--repeats 3]   # prints a table
+    mpirun -n 2 python -m mpicd.bench_net [--sizes 8,64,...] [--repeats 3] [--json FILE]   # prints a table
 
 It times MPI itself (mpi4py's buffer API on numpy arrays, nothing pickled), not mpicd: the
 transport's latency and bandwidth are what the projection scales; mpicd's own per-call costs
@@ -104,12 +104,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="ping-pong and Allreduce sweep (run under mpirun, >= 2 ranks)")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="message sizes in bytes, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=2.0**28, help="bytes moved per size and repeat")
+    parser.add_argument("--json", help="also write the sweep and both fits to this file (rank 0)")
     args = parser.parse_args()
     from mpi4py import MPI
 
-    result = sweep(MPI.COMM_WORLD, [int(s) for s in args.sizes.split(",")], args.repeats)
+    result = sweep(MPI.COMM_WORLD, [int(s) for s in args.sizes.split(",")], args.repeats, args.budget)
     if result is None:
         return 0
+    if args.json:
+        import json
+
+        fits = {name: fit(result["sizes"], [np.median(v) for v in result[name]]) for name in ("pingpong", "allreduce")}
+        named = {k: {"latency_seconds": a, "bandwidth_bytes_per_second": b} for k, (a, b) in fits.items()}
+        with open(args.json, "w") as f:
+            json.dump({**result, "fit": named}, f)
     print(
         f"{'bytes':>10} {'ping-pong one-way s (median)':>30} {'allreduce s (median)':>22}   ({result['ranks']} ranks)"
     )

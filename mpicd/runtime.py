@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -37,17 +38,48 @@ def local_rank_and_size(comm: MPI.Comm) -> tuple[int, int]:
         node.Free()
 
 
+def visible_gpus(environ: Mapping[str, str], installed: int | None = None) -> list[str]:
+    """The GPUs CUDA shows this process, in CUDA's order, as CUDA_VISIBLE_DEVICES names them.
+
+    Unset: every installed GPU ("0".."installed-1"). Set: its comma-separated entries, indices or
+    ``GPU-``/``MIG-`` UUIDs, up to the first invalid one (not a non-negative index, or an index
+    >= ``installed`` where that is known): CUDA shows only the GPUs before it ("0,2,-1,1": 0 and 2).
+    Empty: none. Torch's ``cuda:i`` is the i-th of these. Slurm's GPU binding works by setting it.
+    """
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return [str(i) for i in range(installed or 0)]
+    shown: list[str] = []
+    for entry in (e.strip() for e in value.split(",")) if value.strip() else ():
+        index_ok = entry.isdigit() and (installed is None or int(entry) < installed)
+        if not (index_ok or entry.startswith(("GPU-", "MIG-"))):
+            break
+        shown.append(entry)
+    return shown
+
+
+def gpu_for(local_rank: int, visible: Sequence[str]) -> tuple[int, str] | None:
+    """(torch's index, the GPU as CUDA_VISIBLE_DEVICES names it) of the rank with this local rank:
+    the node's ranks take the visible GPUs in turn, so with more ranks than GPUs they share them
+    round robin; None without a GPU."""
+    if not visible:
+        return None
+    index = local_rank % len(visible)
+    return index, visible[index]
+
+
 def choose_device(requested: str, local_rank: int, gpu_count: int) -> str:
     """auto: a GPU by local rank where there is one; cpu: CPU; cuda: a GPU or an error."""
-    if requested == "cpu" or (requested == "auto" and gpu_count == 0):
+    gpu = gpu_for(local_rank, [str(i) for i in range(gpu_count)])
+    if requested == "cpu" or (requested == "auto" and gpu is None):
         return "cpu"
-    if gpu_count == 0:
+    if gpu is None:
         raise ConfigError(
             "device",
             "cuda was requested but no GPU is visible "
             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})",
         )
-    return f"cuda:{local_rank % gpu_count}"
+    return f"cuda:{gpu[0]}"
 
 
 def cpu_threads(local_size: int) -> int:

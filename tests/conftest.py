@@ -110,3 +110,49 @@ def slurm(request, tmp_path_factory):
         pytest.fail(f"could not start the test Slurm: {err}")
     yield cluster
     cluster.stop()
+
+
+def _netns_cluster(request, nodes: int):
+    """A throw-away cluster of ``nodes`` namespace nodes (jobs/netns_cluster.py), removed at the end
+    whatever happened; skipped, with the reason printed, where it cannot run."""
+    sys.path.insert(0, str(ROOT / "jobs"))
+    from netns_cluster import NetnsCluster, missing_binaries
+
+    missing = missing_binaries()
+    reason = (
+        f"the multi-node tests need {', '.join(missing)} (bash jobs/setup.sh installs Slurm, as root)"
+        if missing
+        else ""
+        if os.getuid() == 0
+        else "the multi-node tests make network namespaces and run slurmd: they need root"
+    )
+    if reason:
+        request.config.pluginmanager.get_plugin("terminalreporter").write_line(f"SKIPPED multinode tests: {reason}")
+        pytest.skip(reason)
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=f"mpicd-netns{nodes}-", dir="/var/tmp"))  # shared: not under /tmp
+    cluster = NetnsCluster(folder, nodes)
+    try:
+        cluster.up()
+    except RuntimeError as err:
+        pytest.fail(f"could not start the {nodes}-node namespace cluster: {err}")
+    try:
+        yield cluster
+    finally:
+        problems = cluster.down()
+        shutil.rmtree(folder, ignore_errors=True)
+        assert not problems, f"the namespace cluster left {problems}"
+
+
+@pytest.fixture(scope="session")
+def netns2(request):
+    """Two namespace nodes (node1, node2) with Slurm, shared by the multi-node tests of a session."""
+    yield from _netns_cluster(request, 2)
+
+
+@pytest.fixture(scope="module")
+def netns4(request):
+    """Four namespace nodes, for the one-rank-per-node layout."""
+    yield from _netns_cluster(request, 4)
