@@ -86,6 +86,8 @@ class Settings:
     quick: bool = False
     write_ranks: tuple = ()  # the results write vs ranks (mpicd.bench_write); empty: not measured
     write_rounds: int = 17
+    clients_sweep: tuple = ()  # clients per rank (mpicd.bench_clients): these N on 2 and N ranks; empty: not measured
+    clients_rounds: int = 4
 
 
 def stats(values) -> dict:
@@ -122,6 +124,14 @@ def settings_for(args) -> Settings:
             ) from None
         if any(n < 1 for n in s.write_ranks):
             raise BenchError(f"--write-ranks must be at least 1 each, got {args.write_ranks!r}")
+    if getattr(args, "clients_per_rank", None):
+        try:
+            s.clients_sweep = tuple(int(n) for n in args.clients_per_rank.split(","))
+        except ValueError:
+            raise BenchError(f"--clients-per-rank must be a comma-separated list of client counts, got "
+                             f"{args.clients_per_rank!r}") from None  # fmt: skip
+        if any(n < 2 for n in s.clients_sweep):
+            raise BenchError(f"--clients-per-rank must be at least 2 each, got {args.clients_per_rank!r}")
     for name in ("ranks", "repeats", "rounds"):
         value = getattr(args, name)
         if value is not None:
@@ -741,6 +751,10 @@ def render(r: dict) -> str:
         from .bench_write import render as render_write
 
         lines += render_write(r["write_vs_ranks"])
+    if "clients_per_rank" in r:
+        from .bench_clients import render as render_clients
+
+        lines.append(render_clients(r["clients_per_rank"]["holding"], r["clients_per_rank"]["sweep"]))
     return "\n".join(lines)
 
 
@@ -823,6 +837,16 @@ def bench(s: Settings, log=print) -> dict:
             written = bench_write.sweep(
                 run_job, list(s.write_ranks), s.write_rounds, folder, s.timeout, quickstart, log
             )
+        packed = None
+        if s.clients_sweep:
+            from . import bench_clients
+
+            packed = {
+                "holding": bench_clients.holding(s.config, s.overrides, 16),
+                "sweep": bench_clients.sweep(
+                    s.config, s.overrides, list(s.clients_sweep), s.clients_rounds, folder, s.timeout, log
+                ),
+            }
         a, b = net["pingpong"]["latency_seconds"], net["pingpong"]["bandwidth_bytes_per_second"]
         projected["check_at_measured_ranks"] = {  # the model has no waiting for slower ranks; the measurement has
             name: {
@@ -848,6 +872,7 @@ def bench(s: Settings, log=print) -> dict:
             "network": net,
             "projection": projected,
             **({"write_vs_ranks": written} if written else {}),
+            **({"clients_per_rank": packed} if packed else {}),
         }
     finally:
         shutil.rmtree(folder, ignore_errors=True)

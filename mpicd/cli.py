@@ -154,6 +154,12 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
         help="also measure the results write per round on these rank counts, e.g. 2,4,8,16,32 "
         "(flushed every round vs checkpoint.flush_every: auto; --quick: 2,5)",
     )
+    bench.add_argument(
+        "--clients-per-rank",
+        metavar="LIST",
+        help="also measure clients per rank (mpicd.bench_clients): FedAvg and co-distillation at these client "
+        "counts, e.g. 4,8,16,32,64, on 2 ranks and on one rank per client up to 16",
+    )
     bench.add_argument("--config", help="an image dataset's config (default configs/pneumoniamnist.yaml)")
     bench.add_argument("--data", metavar="NPZ", help="the dataset file (sets data.path)")
     bench.add_argument("--json", metavar="FILE", help="write every figure as JSON")
@@ -528,7 +534,8 @@ def run(args: argparse.Namespace) -> int:
                 say(f"mpicd: warning: {line}", sys.stderr)
         if comm.rank == 0:
             say(
-                f"mpicd: {plan.algorithm_cls.name} on {plan.dataset.name}, {comm.size} clients, "
+                f"mpicd: {plan.algorithm_cls.name} on {plan.dataset.name}, {plan.config.clients} clients"
+                f"{'' if plan.config.clients == comm.size else f' on {comm.size} ranks'}, "
                 f"{plan.config.rounds} rounds, {placement.device} ({placement.threads} threads/rank) "
                 f"-> {out}"
             )
@@ -602,13 +609,10 @@ def _check_output(plan, out: str) -> None:
 
 
 def _config_for(comm, args):
+    from .layout import check_ranks
+
     config = load_config(args.config, args.overrides)
-    if config.clients != comm.size:
-        raise ConfigError(
-            "clients",
-            f"the config has {config.clients} clients but the job has {comm.size} MPI "
-            f"ranks: {launch_hint(config.clients)}, or set clients={comm.size}",
-        )
+    check_ranks(config.clients, comm.size, config.clients_per_rank, launch_hint(config.clients))
     return config
 
 

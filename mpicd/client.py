@@ -1,8 +1,15 @@
-"""One client (this rank): its data, model, optimizer and algorithm; local training and evaluation."""
+"""One client: its data, model, optimizer and algorithm; local training and evaluation.
+
+A rank holds one client (``clients_per_rank: one``) or several (:mod:`mpicd.layout`); each client
+has its own model, optimizer and algorithm state (one model per client rather than one model
+with each client's state swapped in: BENCHMARKS.md, "Clients per rank", has the measurement), and
+:func:`train_clients` trains a rank's clients in turn between the algorithm's rank-level exchanges.
+"""
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,23 +59,38 @@ def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
 
 
 class Client:
-    """This rank's client: its data, model, optimizer and algorithm."""
+    """One client: its data, model, optimizer and algorithm.
 
-    def __init__(self, plan: Plan, comm, device: str):
+    ``index``: the client (default: this MPI rank, one client per rank); ``owner``: the rank of
+    every client (:mod:`mpicd.layout`; default client i on rank i); ``shared``: a dict the clients
+    of one rank pass to each other, so that they hold one copy of the evaluation splits (and of the
+    union, for an algorithm that trains on it) rather than one each.
+    """
+
+    def __init__(self, plan: Plan, comm, device: str, index: int | None = None, owner=None, shared=None):
         cfg = plan.config
         self.plan, self.comm, self.device = plan, comm, torch.device(device)
-        rank = comm.rank
+        self.index = rank = comm.rank if index is None else int(index)
+        shared = {} if shared is None else shared
         train = plan.dataset.train
-        own = (
-            np.concatenate(plan.partition.train_indices)
-            if plan.algorithm_cls.trains_on_union
-            else plan.partition.train_indices[rank]
-        )
-        self.train_x = torch.from_numpy(train.x[own]).to(self.device)
-        self.train_y = torch.from_numpy(train.y[own]).to(self.device)
-        self.eval_sets = {"test": (torch.from_numpy(plan.dataset.test.x).to(self.device), plan.dataset.test.y)}
-        if plan.dataset.val is not None:
-            self.eval_sets["val"] = (torch.from_numpy(plan.dataset.val.x).to(self.device), plan.dataset.val.y)
+        if plan.algorithm_cls.trains_on_union:
+            if "union" not in shared:
+                own = np.concatenate(plan.partition.train_indices)
+                shared["union"] = (
+                    torch.from_numpy(train.x[own]).to(self.device),
+                    torch.from_numpy(train.y[own]).to(self.device),
+                )
+            self.train_x, self.train_y = shared["union"]
+        else:
+            own = plan.partition.train_indices[rank]
+            self.train_x = torch.from_numpy(train.x[own]).to(self.device)
+            self.train_y = torch.from_numpy(train.y[own]).to(self.device)
+        if "eval_sets" not in shared:
+            sets = {"test": (torch.from_numpy(plan.dataset.test.x).to(self.device), plan.dataset.test.y)}
+            if plan.dataset.val is not None:
+                sets["val"] = (torch.from_numpy(plan.dataset.val.x).to(self.device), plan.dataset.val.y)
+            shared["eval_sets"] = sets
+        self.eval_sets = shared["eval_sets"]
         torch.manual_seed(seeds.torch_seed(cfg.seed, seeds.INIT))  # one common initial model
         self.model = build_model(
             cfg.model.name, plan.dataset.input_shape, plan.dataset.num_classes, cfg.model.feature_dim, cfg.model.hidden
@@ -92,6 +114,8 @@ class Client:
                 expertise=plan.partition.expertise,
                 train_x=self.train_x,
                 train_y=self.train_y,
+                client=rank,
+                owner=None if owner is None else np.asarray(owner),
             ),
         )
 
@@ -109,6 +133,15 @@ class Client:
         self._grad_share, self._r_distance = None, math.nan
         if self.diagnose:  # eval mode, no gradient, no random stream: training is untouched
             self._r_distance = self._distance_to_reference()
+        loss = self.guarded_epochs(round_index, guard)
+        at("after_epoch")
+        if guard is not None:
+            guard.check_model("after the local epoch")
+        self.algorithm.after_epoch(round_index)
+        return loss
+
+    def guarded_epochs(self, round_index: int, guard=None) -> EpochLoss:
+        """:meth:`local_epochs`, a non-finite loss handed to ``guard`` (NaN loss: update dropped)."""
         loss = EpochLoss(math.nan, math.nan, math.nan)
         if guard is None or not guard.dropped:
             try:
@@ -117,10 +150,6 @@ class Client:
                 if guard is None:
                     raise
                 guard.failed(str(err))  # abort: raises; skip: back to the round's start, update dropped
-        at("after_epoch")
-        if guard is not None:
-            guard.check_model("after the local epoch")
-        self.algorithm.after_epoch(round_index)
         return loss
 
     def local_epochs(self, round_index: int) -> EpochLoss:
@@ -133,7 +162,7 @@ class Client:
         shares = self._grad_share = diagnostics.GradShare(model.parameters()) if self.diagnose else None
         for epoch in range(cfg.train.local_epochs):
             order = torch.from_numpy(  # on the data's device once per epoch: no host copy per batch
-                seeds.rng(cfg.seed, seeds.SHUFFLE, self.comm.rank, round_index, epoch).permutation(len(self.train_y))
+                seeds.rng(cfg.seed, seeds.SHUFFLE, self.index, round_index, epoch).permutation(len(self.train_y))
             ).to(self.device)
             for b, (start, stop) in enumerate(batch_bounds(len(order), cfg.train.batch_size)):
                 index = order[start:stop]
@@ -179,7 +208,7 @@ class Client:
         (:meth:`mpicd.comm.Comm.exchange`: counted outside rounds)."""
         cka = math.nan
         teachers = getattr(self.algorithm, "round_teachers", lambda: None)()
-        rank = self.comm.rank
+        rank = self.index  # one client per rank (mpicd.loop refuses eval.diagnostics otherwise)
         if teachers is not None and len(teachers) > 1:
             _, probe = diagnostics.probe_set(self.eval_sets)
             mine = np.ascontiguousarray(
@@ -212,6 +241,46 @@ class Client:
             balanced_acc=metrics.balanced_accuracy(recall),
             minority_acc=metrics.minority_accuracy(recall, self.expertise_class),
         )
+
+
+def train_clients(clients: list[Client], round_index: int, fault=None, guards=None):
+    """One round of every client a rank holds (in client order), as :meth:`Client.train_round`
+    does for one: the algorithm's rank-level exchange before the epochs
+    (:meth:`~mpicd.algorithms.Algorithm.before_round`), each client's local epochs in turn, its
+    exchange after. Returns ({client: EpochLoss}, {client: seconds}); a client's seconds are its
+    own epochs plus an even share of the two exchanges (comm time included)."""
+    at = fault.at if fault is not None else (lambda place: None)
+    guards = guards or {}
+    members = [c.algorithm for c in clients]
+    hooks = type(members[0])
+    seconds = dict.fromkeys((c.index for c in clients), 0.0)
+
+    def shared(step) -> None:
+        start = time.perf_counter()
+        step()
+        for index in seconds:
+            seconds[index] += (time.perf_counter() - start) / len(clients)
+
+    at("before_exchange")
+    for c in clients:
+        if c.index in guards:
+            guards[c.index].check_model("at the start of the round")
+    shared(lambda: hooks.before_round(members, round_index))
+    losses = {}
+    for c in clients:
+        start = time.perf_counter()
+        c._grad_share, c._r_distance = None, math.nan
+        if c.algorithm.ctx.participating:  # mpicd.participation: the others sit the round out
+            losses[c.index] = c.guarded_epochs(round_index, guards.get(c.index))
+        else:
+            losses[c.index] = EpochLoss(math.nan, math.nan, math.nan)
+        seconds[c.index] += time.perf_counter() - start
+    at("after_epoch")
+    for c in clients:
+        if c.index in guards:
+            guards[c.index].check_model("after the local epoch")
+    shared(lambda: hooks.after_round(members, round_index))
+    return losses, seconds
 
 
 def balanced_weights(y: torch.Tensor, num_classes: int) -> torch.Tensor:

@@ -138,6 +138,7 @@ class Comm:
         recvs: list[tuple[int, np.ndarray]],
         tag: int,
         allow_empty: bool = False,
+        clients: dict[int, tuple[int, int]] | None = None,
     ) -> list[int]:
         """Post every Isend and Irecv, then Waitall; fills the ``recvs`` buffers in place and
         returns the bytes received per receive (``allow_empty``: an empty message, "nothing
@@ -146,6 +147,8 @@ class Comm:
         Cannot deadlock as long as the sends and receives of all ranks match up (each algorithm
         derives both sides from the same shared plan): nothing blocks until all are posted.
         A received message of the wrong size is an error, never a silently short buffer.
+        ``clients``: the (sent, received) deployment bytes of each client this rank holds, when the
+        messages carry several clients' payloads (:meth:`mpicd.ledger.Ledger.record_client`).
         """
         self._enter("p2p", [buf for _, buf in sends])
         start = time.perf_counter()
@@ -162,7 +165,10 @@ class Comm:
                 raise ProtocolError(
                     f"mpicd: {self.where()}: expected {buf.nbytes} bytes from rank {src} (tag {tag}), received {got}"
                 )
-        self.ledger.record("p2p", sum(b.nbytes for _, b in sends), sum(received), time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        self.ledger.record("p2p", sum(b.nbytes for _, b in sends), sum(received), seconds)
+        for c, (sent, recv) in (clients or {}).items():
+            self.ledger.record_client(c, "p2p", sent, recv, seconds / len(clients))
         return received
 
     def allreduce_sum(self, array: np.ndarray) -> np.ndarray:
@@ -192,6 +198,58 @@ class Comm:
         self.mpi.Allgather(_buffer(array), _buffer(result))
         self._leave()
         self.ledger.record("allgather", array.nbytes, result.nbytes, time.perf_counter() - start)
+        return result
+
+    # Rank-level exchanges of the clients this rank holds (mpicd.layout): one MPI operation for all
+    # of them, and each client's deployment bytes (one site per client) in the ledger's client rows.
+
+    def allreduce_sum_clients(self, contributions: dict[int, np.ndarray], template: np.ndarray) -> np.ndarray:
+        """The sum over every client of every rank: this rank's contributions summed here, in client
+        order (none, a rank whose clients sit the round out: zeros like ``template``), then one
+        Allreduce(SUM). Each contributing client counts as sending its contribution and receiving
+        the result, as it would alone on a rank (one contribution: exactly :meth:`allreduce_sum`)."""
+        clients = sorted(contributions)
+        total = contributions[clients[0]] if clients else np.zeros_like(template)
+        if len(clients) > 1:
+            total = total.copy()
+            for c in clients[1:]:
+                total += contributions[c]
+        start = time.perf_counter()
+        result = self.allreduce_sum(total)
+        share = (time.perf_counter() - start) / max(len(clients), 1)
+        for c in clients:
+            self.ledger.record_client(c, "allreduce", contributions[c].nbytes, result.nbytes, share)
+        return result
+
+    def allgather_clients(self, blocks: dict[int, np.ndarray], owner: np.ndarray) -> np.ndarray:
+        """Every client's block, stacked in client order (clients, *shape); ``owner[i]``: client
+        i's rank (mpicd.layout), ``blocks``: this rank's clients' blocks, all of one shape and dtype.
+        One Allgatherv of each rank's blocks; each client counts as sending its block and receiving
+        all N (its own included), as :meth:`allgather` counts a rank. One client per rank: exactly
+        :meth:`allgather`."""
+        owner = np.asarray(owner)
+        clients = sorted(blocks)
+        if len(owner) == self.size:
+            result = self.allgather(blocks[clients[0]])
+        else:
+            block = blocks[clients[0]]
+            mine = np.ascontiguousarray(np.stack([blocks[c] for c in clients]))
+            counts = np.bincount(owner, minlength=self.size) * block.size
+            order = np.argsort(owner, kind="stable")  # rank-major, each rank's clients ascending
+            gathered = np.empty((len(owner), *block.shape), dtype=block.dtype)
+            self._agree_on_layout("allgather", block)
+            self._enter("allgather", [mine])
+            start = time.perf_counter()
+            displacements = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            self.mpi.Allgatherv(
+                _buffer(mine), [gathered, (counts.tolist(), displacements.tolist()), _MPI_TYPES[block.dtype]]
+            )
+            self._leave()
+            self.ledger.record("allgather", mine.nbytes, gathered.nbytes, time.perf_counter() - start)
+            result = np.empty_like(gathered)
+            result[order] = gathered
+        for c in clients:
+            self.ledger.record_client(c, "allgather", blocks[c].nbytes, blocks[c].nbytes * len(owner))
         return result
 
     def bcast(self, array: np.ndarray, root: int = 0) -> np.ndarray:

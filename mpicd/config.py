@@ -78,7 +78,6 @@ class DataConfig:
         "symmetric",
         doc="symmetric: skew on every client; authors: only on clients whose expertise class is 0 (the authors' code)",
     )
-
     partition: Literal["expertise", "natural", "dirichlet"] = spec(
         "expertise",
         doc="expertise: client i is expert in class i mod C and keeps 1 - skew of every other class; natural: "
@@ -231,7 +230,7 @@ class CheckpointConfig:
         ge=1,
         doc="write and flush the results file's rows every N rounds (they wait in memory in between: a crash "
         "loses at most N-1 rounds, which --resume recomputes); auto: ceil(ranks / 4), so the write per round "
-        "stays flat in the ranks; always at a stop and at the end",
+        "grows less with the ranks (BENCHMARKS.md); always at a stop and at the end",
     )
 
 
@@ -260,7 +259,16 @@ class TimeoutConfig:
 
 # Keys that say how a run is executed, not what it computes: a resumed run may change them, and
 # the report does not split cells by them. A section name covers every key inside it.
-OPERATIONAL_KEYS = ("output", "device", "checkpoint", "debug", "timeout", "eval", "train.eval_batch_size")
+OPERATIONAL_KEYS = (
+    "output",
+    "device",
+    "checkpoint",
+    "debug",
+    "timeout",
+    "eval",
+    "train.eval_batch_size",
+    "clients_per_rank",
+)
 
 
 def is_operational(dotted: str) -> bool:
@@ -295,6 +303,7 @@ ADDED_LATER: dict[str, tuple[str | None, Any]] = {
     "data.partition": (None, "expertise"),  # before: always expertise classes round-robin with skew
     "data.dirichlet_alpha": (None, None),  # before: no Dirichlet partition
     "data.images_per_client": (None, None),  # before: clients sized by images_per_class only
+    "participation": (None, 1.0),  # before: every client in every round
 }
 
 
@@ -319,7 +328,12 @@ def config_difference(saved: dict, current: dict, saved_as: str, current_as: str
 class Config:
     """The whole experiment. ``algorithm`` stays a mapping here; the registry validates it."""
 
-    clients: int = spec(4, ge=1, doc="number of clients = number of MPI ranks")
+    clients: int = spec(4, ge=1, doc="number of clients (= MPI ranks unless clients_per_rank: balanced)")
+    clients_per_rank: Literal["one", "balanced"] = spec(
+        "one",
+        doc="one: one client per MPI rank; balanced: any R <= clients ranks, several clients per rank "
+        "trained in turn, assigned by training-set size (mpicd/layout.py); the results are the same",
+    )
     rounds: int = spec(20, ge=1, doc="communication rounds")
     seed: int = spec(0, ge=0, doc="run seed: partition, initialisation, teachers, batches")
     device: Literal["auto", "cpu", "cuda"] = spec("auto", doc="auto: one GPU per rank where there are GPUs, else CPU")
@@ -333,6 +347,13 @@ class Config:
         metadata={"doc": "the method and its own keys (mpicd config --algorithm NAME)"},
     )
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    participation: float = spec(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        doc="the fraction C of clients that train and communicate each round (FedAvg's C): a seeded sample "
+        "of max(1, floor(C clients)), the others keep their state (mpicd/participation.py)",
+    )
     on_nonfinite: Literal["abort", "skip"] = spec(
         "abort",
         doc="NaN/inf in a loss or a payload: abort naming rank and round, or skip: drop that "

@@ -23,6 +23,7 @@ import yaml
 from . import __version__, checkpoint, degenerate, signals, startpoint
 from .algorithms import Sizes
 from .client import Client
+from .layout import Layout
 from .faults import FaultInjector
 from .nonfinite import NonFiniteGuard
 from .watchdog import Watchdog
@@ -101,8 +102,10 @@ class Outcome:
     already_complete: bool = False  # --resume found every round in the file: nothing was run
 
 
-def _state(plan: Plan, client: Client, ledger) -> dict:
-    outside = ledger.outside_rounds
+def _state(plan: Plan, client: Client, ledger, outside: bool = True) -> dict:
+    """One client's checkpoint; ``outside``: with this rank's traffic outside rounds (its first
+    client's file holds it, the others none, so a resume on any layout adds up the same total)."""
+    outside = ledger.outside_rounds if outside else Traffic()
     return {
         "config": plan.resolved_config,
         "model": client.model.state_dict(),
@@ -128,14 +131,17 @@ def _restore(client: Client, ledger, state: dict) -> None:
     ledger.outside_rounds.seconds += previous.seconds
 
 
-def agree_on_checkpoint(comm, folder: Path, run_id: str, bound: int) -> int:
+def agree_on_checkpoint(comm, folder: Path, run_id: str, bound: int, clients: list[int] | None = None) -> int:
     """The newest rounds-completed count <= ``bound`` that every rank holds a checkpoint of run
-    ``run_id`` for (0: none). Another run's checkpoints in the folder are not looked at.
+    ``run_id`` for, of each of its ``clients`` (default: the client whose index is the rank; 0:
+    none). Checkpoints are per client, so a run checkpointed on one layout resumes on any other.
+    Another run's checkpoints in the folder are not looked at.
 
     Collective; terminates because the bound strictly decreases until every rank holds the
     candidate or it reaches 0.
     """
-    mine = checkpoint.available(folder, comm.rank, run_id)
+    held = [set(checkpoint.available(folder, c, run_id)) for c in (clients or [comm.rank])]
+    mine = sorted(set.intersection(*held), reverse=True)
     while True:
         best = max((n for n in mine if n <= bound), default=0)
         candidate = int(comm.allreduce_min(np.array([best], dtype=np.int64))[0])
@@ -175,7 +181,7 @@ def agree_on_start(comm, out: Path, resolved: dict, mode: str) -> startpoint.Sta
     return startpoint.Start(bool(flags[0]), run_id, bool(flags[1]), int(flags[2]), bool(flags[3]))
 
 
-def resume_point(plan: Plan, client: Client, comm, out: Path, decision: startpoint.Start) -> int:
+def resume_point(plan: Plan, clients: list[Client], comm, out: Path, decision: startpoint.Start) -> int:
     """Load the newest checkpoint of this run that all ranks share, at or before the file's
     completed rounds (collective); returns the first round to run. This run's checkpoints past
     that point (a round the file does not hold) are deleted, so they never count among the newest two.
@@ -184,12 +190,15 @@ def resume_point(plan: Plan, client: Client, comm, out: Path, decision: startpoi
     refused with a ConfigError naming the key (raised on every rank).
     """
     folder = checkpoint.folder_for(out)
-    agreed = agree_on_checkpoint(comm, folder, decision.run_id, decision.bound)
-    state = checkpoint.load(folder, comm.rank, agreed, decision.run_id, client.device) if agreed else None
-    ok = int(comm.allreduce_min(np.array([int(state is not None)], dtype=np.int64))[0])
-    checkpoint.discard(folder, comm.rank, decision.run_id, newer_than=agreed if ok else -1)
+    indices = [c.index for c in clients]
+    agreed = agree_on_checkpoint(comm, folder, decision.run_id, decision.bound, indices)
+    states = [checkpoint.load(folder, c.index, agreed, decision.run_id, c.device) if agreed else None for c in clients]
+    ok = int(comm.allreduce_min(np.array([int(all(s is not None for s in states))], dtype=np.int64))[0])
+    for c in indices:
+        checkpoint.discard(folder, c, decision.run_id, newer_than=agreed if ok else -1)
     if not ok:
         return 0
+    state = states[0]
     difference = config_difference(state["config"], plan.resolved_config, "the checkpoint", "this run")
     same = int(comm.allreduce_min(np.array([int(difference is None)], dtype=np.int64))[0])
     if not same:  # every rank raises here, so none is left in a collective
@@ -199,8 +208,48 @@ def resume_point(plan: Plan, client: Client, comm, out: Path, decision: startpoi
             f"{difference or 'on another rank'}; use another output file or "
             f"restore the config",
         )
-    _restore(client, comm.ledger, state)
+    for c, client_state in zip(clients, states):
+        _restore(c, comm.ledger, client_state)
     return agreed
+
+
+def make_layout(plan: Plan, comm) -> Layout:
+    """The run's assignment of clients to ranks (mpicd.layout), by training-set size."""
+    sizes = plan.partition.train_counts.sum(axis=1)
+    if plan.config.clients_per_rank == "one":
+        return Layout.one_per_rank(plan.config.clients, comm.rank)
+    return Layout.of(sizes, comm.size, comm.rank)
+
+
+def refuse_with_several_per_rank(plan: Plan, ranks: int) -> None:
+    """What runs only with one client per rank (every rank raises the same ConfigError)."""
+    cfg = plan.config
+    params = plan.algorithm_params
+    if cfg.participation < 1:
+        partial = {
+            "algorithm.name": plan.algorithm_cls.name == "fedamp",
+            "algorithm.teacher_per": getattr(params, "teacher_per", "round") == "batch",
+            "algorithm.classes": getattr(params, "classes", "expertise") == "all",
+            "eval.diagnostics": cfg.eval.diagnostics,
+            "on_nonfinite": cfg.on_nonfinite == "skip",
+        }
+        for key, used in partial.items():
+            if used:
+                raise ConfigError(key, f"does not support participation < 1 yet (participation is {cfg.participation})")
+    if cfg.clients == ranks:
+        return
+    refused = {
+        "eval.diagnostics": cfg.eval.diagnostics,
+        "on_nonfinite": cfg.on_nonfinite == "skip",
+        "algorithm.exchange": getattr(plan.algorithm_params, "exchange", None) == "ring",
+    }
+    for key, used in refused.items():
+        if used:
+            raise ConfigError(
+                key,
+                f"runs only with one client per rank for now, but the job has {ranks} ranks for "
+                f"{cfg.clients} clients (clients_per_rank: balanced)",
+            )
 
 
 def run(
@@ -226,6 +275,7 @@ def run(
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other")
     cfg, out = plan.config, Path(out)
+    refuse_with_several_per_rank(plan, comm.size)
     decision = agree_on_start(
         comm, out, plan.resolved_config, "resume" if resume else "overwrite" if overwrite else "new"
     )
@@ -235,8 +285,10 @@ def run(
         if comm.rank == 0:
             log(f"mpicd: {out} already holds all {cfg.rounds} rounds of this config; nothing to do")
         return Outcome(cfg.rounds, False, already_complete=True)
-    client = Client(plan, comm, placement.device)
-    start = 0 if decision.fresh else resume_point(plan, client, comm, out, decision)
+    layout = make_layout(plan, comm)
+    shared: dict = {}
+    clients = [Client(plan, comm, placement.device, c, layout.owner, shared) for c in layout.mine]
+    start = 0 if decision.fresh else resume_point(plan, clients, comm, out, decision)
     if resume and not decision.fresh and comm.rank == 0:
         log(
             f"mpicd: resuming at round {start + 1} from {checkpoint.folder_for(out)} (run {decision.run_id})"
@@ -251,7 +303,7 @@ def run(
         rounds=cfg.rounds,
         num_classes=plan.dataset.num_classes,
         attrs={
-            **results_attrs(plan, client),
+            **results_attrs(plan, clients[0]),
             "run_id": decision.run_id,
             "config_hash": config_hash(plan.resolved_config),
         },
@@ -261,23 +313,29 @@ def run(
         placement=placement_row(placement),
         parallel=parallel_io,
         resume_at=start or None,
+        clients=layout.mine,
+        num_clients=cfg.clients,
     )
+    # The layout this job runs on (mpicd.layout; a resumed job's may differ from the first one's).
+    writer.set_attr("ranks", comm.size)
+    writer.set_attr("client_rank", layout.owner)
     if startup is not None:
         writer.set_attr(
             "startup_seconds", yaml.safe_dump({k: round(float(v), 4) for k, v in startup.items()}, sort_keys=False)
         )
-    watchdog, fault, guard = _guards(plan, client, comm, writer)
+    watchdog, fault, guards = _guards(plan, clients, comm, writer)
     try:
         return _rounds(
-            plan, client, comm, writer, out, start, log, stop_requested, watchdog, fault, guard, decision.run_id
+            plan, clients, comm, writer, out, start, log, stop_requested, watchdog, fault, guards, decision.run_id
         )
     finally:
         watchdog.stop()
         comm.on_transfer = comm.after_transfer = None
 
 
-def _guards(plan: Plan, client: Client, comm, writer):
-    """The round's watchdog, fault injector and non-finite guard, wired to the comm layer and writer."""
+def _guards(plan: Plan, clients: list[Client], comm, writer):
+    """The round's watchdog, fault injector (on the rank's first client's model) and a non-finite
+    guard per client, wired to the comm layer and writer."""
     from mpi4py import MPI
 
     cfg = plan.config
@@ -285,7 +343,7 @@ def _guards(plan: Plan, client: Client, comm, writer):
     fault = FaultInjector(
         cfg.debug,
         comm.rank,
-        client.model,
+        clients[0].model,
         on_hang=lambda: setattr(watchdog, "phase", "hanging on purpose (debug.fail_kind=hang)"),
     )
 
@@ -298,12 +356,12 @@ def _guards(plan: Plan, client: Client, comm, writer):
 
     comm.on_transfer, comm.after_transfer = entering, left
     writer.on_write = lambda: fault.at("in_write")
-    return watchdog, fault, NonFiniteGuard(cfg.on_nonfinite, client, comm)
+    return watchdog, fault, {c.index: NonFiniteGuard(cfg.on_nonfinite, c, comm) for c in clients}
 
 
 def _rounds(
     plan: Plan,
-    client: Client,
+    clients: list[Client],
     comm,
     writer,
     out: Path,
@@ -312,71 +370,104 @@ def _rounds(
     stop_requested,
     watchdog: Watchdog,
     fault: FaultInjector,
-    guard: NonFiniteGuard,
+    guards: dict[int, NonFiniteGuard],
     run_id: str,
 ) -> Outcome:
+    from .client import train_clients
+    from .participation import participants
     from .results import RoundRow, flush_interval
 
     from .sweep import duration
 
     cfg, ledger, every = plan.config, comm.ledger, plan.config.checkpoint.every
     flush_every = flush_interval(cfg.checkpoint.flush_every, comm.size)
-    began, one_class = time.perf_counter(), []  # one_class: per evaluated round, a one-hot test recall
+    # several clients per rank, or partial participation: the rank-level path, with rows per client
+    many = len(clients) > 1 or cfg.clients != comm.size or cfg.participation < 1
+    first = clients[0]
+    began = time.perf_counter()
+    one_class: dict[int, list[bool]] = {c.index: [] for c in clients}  # per evaluated round: one-hot test recall
     for r in range(start, cfg.rounds):
         started = time.perf_counter()
-        ledger.begin_round()
+        ledger.begin_round(tuple(c.index for c in clients) if many else ())
         comm.round_index = r
         fault.begin_round(r)
         watchdog.begin_round(r)
-        guard.begin_round()
+        for guard in guards.values():
+            guard.begin_round()
+        taking = participants(cfg.seed, r, cfg.clients, cfg.participation)  # None: every client
+        for c in clients:
+            c.algorithm.ctx.participants = taking
         watchdog.phase = "training"
-        loss = client.train_round(r, fault, guard)
+        if many:
+            losses, train_seconds = train_clients(clients, r, fault, guards)
+        else:
+            losses = {first.index: first.train_round(r, fault, guards[first.index])}
         trained = time.perf_counter()
-        test = val = own = None  # not evaluated this round (eval.every): NaN metrics in the file
-        if (r + 1) % cfg.eval.every == 0 or r + 1 == cfg.rounds:
-            watchdog.phase = "evaluating"
-            test = client.evaluate("test")
-            one_class.append(bool(degenerate.one_hot(test.recall)))
-            val = client.evaluate("val") if "val" in client.eval_sets else None
-            own = client.evaluate("train") if cfg.eval.train_split else None  # audit: its own training images
+        scores, eval_seconds = {}, {}
+        for c in clients:
+            test = val = own = None  # not evaluated this round (eval.every): NaN metrics in the file
+            began_eval = time.perf_counter()
+            if (r + 1) % cfg.eval.every == 0 or r + 1 == cfg.rounds:
+                watchdog.phase = "evaluating"
+                test = c.evaluate("test")
+                one_class[c.index].append(bool(degenerate.one_hot(test.recall)))
+                val = c.evaluate("val") if "val" in c.eval_sets else None
+                own = c.evaluate("train") if cfg.eval.train_split else None  # audit: its own training images
+            scores[c.index] = (test, val, own)
+            eval_seconds[c.index] = time.perf_counter() - began_eval
         traffic = ledger.end_round()
         finished = time.perf_counter()
         elapsed = finished - started
         diag = None
         if cfg.eval.diagnostics:  # after end_round: the probe features count outside rounds
             watchdog.phase = "diagnostics (eval.diagnostics)"
-            diag = client.round_diagnostics(r)
+            diag = first.round_diagnostics(r)  # one client per rank (run refuses it otherwise)
         # Progress line, stop agreement: a small Allreduce outside the round's ledger row.
+        minority = [scores[c.index][0].minority_acc for c in clients if scores[c.index][0] is not None]
         summary = comm.allreduce_sum(
-            np.array(
-                [np.nan if test is None else test.minority_acc, traffic.total_sent, elapsed, float(stop_requested())]
-            )
+            np.array([sum(minority) if minority else np.nan, traffic.total_sent, elapsed, float(stop_requested())])
         )
         stop = summary[3] > 0 and r + 1 < cfg.rounds
         interrupted = summary[3] >= signals.INTERRUPTED
         watchdog.phase = "writing the results row"
-        writer.write_round(
-            r,
-            {
-                comm.rank: RoundRow(
-                    loss=loss,
-                    test=test,
-                    val=val,
-                    train=own,
-                    traffic=traffic,
+        rows = {}
+        for c in clients:
+            test, val, own = scores[c.index]
+            if many:
+                mine = ledger.client_rows[c.index]
+                timing = dict(
+                    compute_seconds=train_seconds[c.index] + eval_seconds[c.index] - mine.seconds,
+                    train_seconds=train_seconds[c.index] - mine.seconds,
+                    eval_seconds=eval_seconds[c.index],
+                )
+            else:
+                mine = traffic
+                timing = dict(
                     compute_seconds=elapsed - traffic.seconds,
-                    teacher=client.algorithm.teacher(),
                     train_seconds=trained - started - traffic.seconds,
                     eval_seconds=finished - trained,
-                    skipped=int(guard.dropped),
-                    diag=diag,
                 )
-            },
+            rows[c.index] = RoundRow(
+                loss=losses[c.index],
+                test=test,
+                val=val,
+                train=own,
+                traffic=mine,
+                mpi=traffic if c is first else Traffic(),
+                teacher=c.algorithm.teacher(),
+                skipped=int(guards[c.index].dropped),
+                participated=int(c.algorithm.ctx.participating),
+                diag=diag,
+                **timing,
+            )
+        writer.write_round(
+            r,
+            rows,
             flush=stop or (r + 1) % flush_every == 0 or r + 1 == cfg.rounds,
         )
         getattr(stop_requested, "round_took", lambda seconds: None)(time.perf_counter() - started)
         if comm.rank == 0:
-            minority = "     -" if test is None else f"{summary[0] / comm.size:.4f}"
+            minority = "     -" if np.isnan(summary[0]) else f"{summary[0] / cfg.clients:.4f}"
             ran = time.perf_counter() - began
             left = ran / (r + 1 - start) * (cfg.rounds - r - 1)
             log(
@@ -386,17 +477,18 @@ def _rounds(
             )
         watchdog.phase = "checkpointing"
         if ((every and (r + 1) % every == 0) or stop) and r + 1 < cfg.rounds:
-            checkpoint.save(
-                checkpoint.folder_for(out),
-                comm.rank,
-                r + 1,
-                _state(plan, client, ledger),
-                run_id,
-                during=lambda: fault.at("in_checkpoint"),
-                claimed=writer.claimed,
-            )
+            for c in clients:  # one file per client (named by the client), whatever rank holds it
+                checkpoint.save(
+                    checkpoint.folder_for(out),
+                    c.index,
+                    r + 1,
+                    _state(plan, c, ledger, outside=c is first),
+                    run_id,
+                    during=lambda: fault.at("in_checkpoint"),
+                    claimed=writer.claimed,
+                )
         if stop:
-            writer.close()
+            writer.close(outside=_outside(clients, ledger))
             # srun --kill-on-bad-exit ends every rank once one exits with 75: nobody leaves before
             # all have checkpointed and closed the file (a barrier moves no payload bytes).
             comm.mpi.Barrier()
@@ -406,30 +498,38 @@ def _rounds(
             return Outcome(r + 1, True, interrupted)
         watchdog.end_round()
         comm.round_index = None
-    _warn_single_class(comm, writer, one_class, log)
+    _warn_single_class(comm, writer, one_class, log, cfg.clients)
     if stop_requested() >= signals.INTERRUPTED:  # interrupted in the last round: it ends normally
         getattr(stop_requested, "done", threading.Event()).set()
-    _remove_checkpoints(comm, checkpoint.folder_for(out), run_id)
-    writer.close()  # only on success: a failing rank aborts the job instead (see ResultsWriter.close)
+    _remove_checkpoints(comm, checkpoint.folder_for(out), run_id, [c.index for c in clients])
+    writer.close(outside=_outside(clients, ledger))  # only on success: a failing rank aborts instead
     return Outcome(cfg.rounds, False)
 
 
-def _warn_single_class(comm, writer, one_class: list[bool], log) -> None:
+def _outside(clients: list[Client], ledger) -> dict[int, Traffic]:
+    """The rank's traffic outside rounds, on its first client (its others: none), as checkpointed."""
+    return {c.index: ledger.outside_rounds if i == 0 else Traffic() for i, c in enumerate(clients)}
+
+
+def _warn_single_class(comm, writer, one_class: dict[int, list[bool]], log, clients: int) -> None:
     """After the last round (outside rounds: one Allreduce of a flag per client): record and warn
     about clients that predicted a single class in their last evaluated rounds (mpicd.degenerate)."""
-    last = min(degenerate.LAST_ROUNDS, len(one_class))
-    mine = np.zeros(comm.size, dtype=np.int64)
-    mine[comm.rank] = int(last > 0 and all(one_class[-last:]))
+    mine = np.zeros(clients, dtype=np.int64)
+    last = 0
+    for c, flags in one_class.items():
+        last = min(degenerate.LAST_ROUNDS, len(flags))
+        mine[c] = int(last > 0 and all(flags[-last:]))
     flagged = [int(c) for c in np.flatnonzero(comm.allreduce_sum(mine))]
     writer.set_attr("single_class_clients", np.array(flagged, dtype=np.int64))
     if flagged and comm.rank == 0:
-        log(f"mpicd: warning: {degenerate.warning(flagged, comm.size, last)}")
+        log(f"mpicd: warning: {degenerate.warning(flagged, clients, last)}")
 
 
-def _remove_checkpoints(comm, folder: Path, run_id: str) -> None:
-    """A complete run needs no checkpoint: each rank drops its own, then rank 0 the folder
+def _remove_checkpoints(comm, folder: Path, run_id: str, clients: list[int]) -> None:
+    """A complete run needs no checkpoint: each rank drops its clients', then rank 0 the folder
     (left in place if another run's files are still in it)."""
-    checkpoint.discard(folder, comm.rank, run_id)
+    for c in clients:
+        checkpoint.discard(folder, c, run_id)
     comm.allreduce_min(np.zeros(1, dtype=np.int64))  # every rank has deleted its files
     if comm.rank == 0 and folder.is_dir():
         try:

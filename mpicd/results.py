@@ -74,6 +74,8 @@ class RoundRow:
     skipped: int = 0  # 1: this client's update was dropped (on_nonfinite: skip)
     train: Any = None  # client.Scores on its own training split (eval.train_split), or None
     diag: Any = None  # mpicd.diagnostics.Diagnostics (eval.diagnostics), or None: NaN in /diag
+    mpi: Traffic | None = None  # what crossed MPI from the client's rank (its first client; None: = traffic)
+    participated: int = 1  # 0: the client sat the round out (participation < 1)
 
 
 @dataclass(frozen=True)
@@ -180,14 +182,25 @@ def columns(num_classes: int) -> list[Column]:
                "Evaluation on the test, validation (and training) splits."),
         Column("metrics/skipped", "i8", (), lambda row: row.skipped, "1",
                "Whether on_nonfinite: skip dropped the client's update: 1, else 0."),
+        Column("metrics/participated", "i8", (), lambda row: row.participated, "1",
+               "Whether the client took part in the round (participation: trained and communicated): 1, else 0."),
         Column("metrics/bytes_sent", "i8", (), lambda row: row.traffic.total_sent, "bytes",
-               "Bytes this rank sent in the round, all kinds together."),
+               "Bytes this client sent in the round, all kinds together (as alone on a site: with one client per "
+               "rank its rank's; MPI's per rank: /comm/bytes_mpi_sent)."),
         Column("metrics/bytes_recv", "i8", (), lambda row: row.traffic.total_recv, "bytes",
-               "Bytes this rank received in the round, all kinds together."),
+               "Bytes this client received in the round, all kinds together (as metrics/bytes_sent)."),
         Column("comm/bytes_sent", "i8", k, lambda row: [row.traffic.bytes_sent[n] for n in KINDS], "bytes",
-               "Bytes this rank sent in the round, by kind of MPI operation.", ("kind",)),
+               "Bytes this client sent in the round, by kind of MPI operation (as metrics/bytes_sent).", ("kind",)),
         Column("comm/bytes_recv", "i8", k, lambda row: [row.traffic.bytes_recv[n] for n in KINDS], "bytes",
-               "Bytes this rank received in the round, by kind of MPI operation.", ("kind",)),
+               "Bytes this client received in the round, by kind of MPI operation (as metrics/bytes_sent).",
+               ("kind",)),
+        Column("comm/bytes_mpi_sent", "i8", k, lambda row: _by_kind(row.traffic if row.mpi is None else row.mpi, "sent"), "bytes",
+               "Bytes that crossed MPI from the client's rank in the round, by kind, on the rank's first client "
+               "(0 on its others: summed over clients, the job's); with one client per rank comm/bytes_sent.",
+               ("kind",)),
+        Column("comm/bytes_mpi_recv", "i8", k, lambda row: _by_kind(row.traffic if row.mpi is None else row.mpi, "recv"), "bytes",
+               "Bytes that reached the client's rank over MPI in the round, by kind, as comm/bytes_mpi_sent.",
+               ("kind",)),
         Column("comm/teacher", "i8", (), lambda row: row.teacher, "client index",
                "The client this one learned from in the round, -1 if none."),
         Column("diag/term_grad_share", "f8", (), _diag("term_grad_share"), "1",
@@ -268,6 +281,11 @@ def layout_table(num_classes: int = 2) -> str:
     return "\n".join(lines)
 
 
+def _by_kind(traffic: Traffic, direction: str) -> list[int]:
+    counts = traffic.bytes_sent if direction == "sent" else traffic.bytes_recv
+    return [counts[n] for n in KINDS]
+
+
 def _diag(name: str) -> Callable[[RoundRow], Any]:
     return lambda row: np.nan if row.diag is None else getattr(row.diag, name)
 
@@ -295,8 +313,8 @@ def flush_interval(flush_every: int | str, ranks: int) -> int:
 
     A flush is collective and on oversubscribed cores its cost grows with the ranks (16 ranks on 2
     cores: ~15 ms against ~1 ms at 2; BENCHMARKS.md), so ``auto`` flushes every ceil(ranks / 4)
-    rounds: every round up to 4 ranks, every 8th at 32, which keeps the write per round flat in the
-    ranks. Between flushes the rows wait in memory: a crash loses at most that many rounds, which
+    rounds: every round up to 4 ranks, every 8th at 32 (the write per round grew 5x from 2 to 32
+    ranks here, against 10x flushed every round; BENCHMARKS.md). Between flushes the rows wait in memory: a crash loses at most that many rounds, which
     ``--resume`` recomputes from the checkpoint (one at or before the flushed round is kept).
     """
     if flush_every == "auto":
@@ -346,8 +364,8 @@ class ResultsWriter:
         if not self.parallel and comm.rank == 0:
             why = "serial writer requested" if h5py.get_config().mpi else "h5py has no MPI support"
             warnings.warn(f"{why}: rank 0 gathers the results and writes them serially", RuntimeWarning, stacklevel=2)
-        # serial: every rank sends the same number of rows (padded), so one Allgather carries them
-        self._held = len(self.clients) if self.parallel else int(comm.allgather(np.array([len(self.clients)])).max())
+        # every rank sends the same number of rows (padded), so one Allgather carries them
+        self._held = int(comm.allgather(np.array([len(self.clients)])).max())
         path = Path(path)
         self.file = None
         self.writer = "mpio" if self.parallel else "serial"
@@ -473,18 +491,24 @@ class ResultsWriter:
         self._times[round_index] = time.perf_counter() - started
 
     def _flush(self, round_index: int) -> None:
-        """Write the buffered rows and the known write times, then claim them (collective)."""
-        if self.parallel:
-            rows = self._buffer
-            times = {r: dict.fromkeys(self.clients, t) for r, t in self._times.items()}
-        else:
-            rows, times = self._gathered()
-        if self.file is not None:
-            for r in sorted(rows):
-                for i, col in enumerate(self.cols):
-                    self._put(col.path, (r,), {client: vals[i] for client, vals in rows[r].items()})
+        """Write the buffered rows and the known write times, then claim them (collective).
+
+        One Allgather brings every rank's buffered rows to every rank and rank 0 alone writes
+        them, one contiguous block of (rounds, clients) per dataset: the writes per flush are
+        the same at 2 ranks as at 32 (each rank writing its own rows made the CPU time of the
+        round's writes grow with the ranks, measured in BENCHMARKS.md). Under mpio the other
+        ranks take part in the metadata update and the flush.
+        """
+        rows, times = self._gathered()
+        if self.file is not None and self.comm.rank == 0:
+            rounds = sorted(rows)
+            for i, col in enumerate(self.cols):
+                block = np.array([[rows[r][c][i] for c in range(self.num_clients)] for r in rounds], dtype=col.dtype)
+                self.file[col.path][rounds[0] : rounds[-1] + 1] = block
+            dset = self.file["metrics/write_seconds"]
             for r, seconds in times.items():
-                self._put("metrics/write_seconds", (r,), seconds)
+                dset[r] = [seconds.get(c, np.nan) for c in range(self.num_clients)]
+        if self.file is not None:
             began = time.perf_counter()
             # modify writes the value in place: no window where the attribute is deleted. The last
             # round is claimed by close(), after the bytes outside rounds: a job killed in between
@@ -499,7 +523,7 @@ class ResultsWriter:
         self._times.clear()
 
     def _gathered(self) -> tuple[dict[int, dict[int, list]], dict[int, dict[int, float]]]:
-        """Serial writer: every rank's buffered rows and unwritten write times, on every rank: one
+        """Every rank's buffered rows and unwritten write times, on every rank: one
         Allgather of float64 (integers up to 2**53 are exact). Every rank buffers the same rounds
         (flushes are agreed), and pads to the same number of clients, so the blocks line up."""
         rounds, timed = sorted(self._buffer), sorted(self._times)

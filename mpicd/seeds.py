@@ -1,8 +1,11 @@
 """Every random stream of a run, named by (seed, purpose, key) so that no two can coincide.
 
 A stream is one purpose (a constant below) and a key of at most three integers in [0, 2**32)
-(rank, round, epoch, class...). Adding a draw in one place never shifts another stream, and the
-same config and seed give the same numbers on every machine.
+(client, round, epoch, class...). A client's streams are keyed by the client, never by the MPI
+rank that holds it, so the same clients give the same numbers on any layout (:mod:`mpicd.layout`;
+with one client per rank the client is the rank, the keys of older versions). Adding a draw in
+one place never shifts another stream, and the same config and seed give the same numbers on
+every machine.
 
 Why distinct (purpose, key) pairs give distinct numpy streams for one seed, by construction:
 
@@ -34,15 +37,18 @@ import numpy as np
 
 # Purposes of the random streams (the key each call site uses in brackets).
 INIT = 1  # the common initial model (), torch
-SHUFFLE = 2  # a client's minibatch order (rank, round, epoch), torch
-K_SUBSET = 3  # co-distillation: a teacher's k images of a class (rank, round, class)
+SHUFFLE = 2  # a client's minibatch order (client, round, epoch), torch
+K_SUBSET = 3  # co-distillation: a teacher's k images of a class (client, round, class)
 TEACHERS = 4  # co-distillation: the round's shared teacher assignment (round,)
 PARTITION = 5  # who holds which training image ()
-BATCH_TEACHERS = 6  # co-distillation, teacher_per batch: a client's per-minibatch teachers (round, rank)
+BATCH_TEACHERS = 6  # co-distillation, teacher_per batch: a client's per-minibatch teachers (round, client)
 HOLDOUT = 7  # a stratified held-out test split (), seeded by split_seed
 VAL = 8  # a stratified validation split (), seeded by split_seed
 PRIVACY = 9  # differential privacy: a release's Poisson sample and noise, DP-SGD, the audit (client, round, use)
-PURPOSES = frozenset({INIT, SHUFFLE, K_SUBSET, TEACHERS, PARTITION, BATCH_TEACHERS, HOLDOUT, VAL, PRIVACY})
+PARTICIPATION = 10  # participation < 1: the round's sample of participating clients (round,)
+PURPOSES = frozenset(
+    {INIT, SHUFFLE, K_SUBSET, TEACHERS, PARTITION, BATCH_TEACHERS, HOLDOUT, VAL, PRIVACY, PARTICIPATION}
+)
 
 KEY_WORDS = 3
 _WORD = 2**32

@@ -12,6 +12,10 @@ Checked, from the file alone:
 * bytes: per round and rank, the totals equal the sums over kinds, and each kind equals the
   algorithm's declared payload (``Algorithm.payloads``; co-distillation's students read from
   ``/comm/teacher``; in a round where an update was skipped, at most the declared bytes);
+* MPI bytes: per round and rank, ``/comm/bytes_mpi_*`` equal the rank-level declaration
+  (``Payload.rank_sent``, the layout from the attr ``client_rank``; files never resumed);
+* participation: a client that sat a round out (``/metrics/participated`` 0) has no training
+  loss and no bytes;
 * teachers: -1 or another client; ``skipped`` is 0 or 1; a complete file has its bytes outside rounds.
 """
 
@@ -70,6 +74,7 @@ def verify(path: str | Path) -> Verdict:
     _metrics(verdict, res, config, rounds, done)
     _past_the_end(verdict, path, done)
     _bytes(verdict, res, config, attrs, clients, done)
+    _mpi_bytes(verdict, res.path, config, attrs, done)
     teacher = res.teacher
     own = np.arange(teacher.shape[1])[None, :] if teacher.size else teacher
     bad = (teacher != -1) & ((teacher < 0) | (teacher >= clients) | (teacher == own))
@@ -130,6 +135,8 @@ def _metrics(verdict: Verdict, res, config: dict, rounds: int, done: int) -> Non
     loss, skipped = res.metrics.get("train_loss"), res.metrics.get("skipped")
     if loss is not None:
         kept = np.ones_like(loss, dtype=bool) if skipped is None else skipped == 0
+        taking = res.metrics.get("participated")  # participation < 1: the others did not train
+        kept &= True if taking is None else taking == 1
         bad = (kept & ~np.isfinite(loss)).any(axis=1)
         if bad.any():
             verdict.problems.append(f"/metrics/train_loss is not finite in rounds {_rounds_text(np.nonzero(bad)[0])}")
@@ -175,12 +182,15 @@ def _bytes(verdict: Verdict, res, config: dict, attrs: dict, clients: int, done:
         return
     sizes = Sizes(**yaml.safe_load(attrs["payload_sizes"]))
     skipped = res.metrics.get("skipped")
+    taking = res.metrics.get("participated")
     wrong: dict[str, list[int]] = {}
     for r in range(done):
         relaxed = skipped is not None and bool(skipped[r].any())
         for c in range(clients):
             students = int((res.teacher[r] == c).sum())
             declared = cls.bytes_per_round(sizes, params, students)  # N = 1 handled by each algorithm
+            if taking is not None and taking[r, c] == 0:  # sat the round out: sent and received nothing
+                declared = {}
             for k, kind in enumerate(res.kinds):
                 want = declared.get(kind, (0, 0))
                 got = (int(res.bytes_sent_by_kind[r, c, k]), int(res.bytes_recv_by_kind[r, c, k]))
@@ -189,6 +199,56 @@ def _bytes(verdict: Verdict, res, config: dict, attrs: dict, clients: int, done:
                     wrong.setdefault(f"{kind} (declared {want[0]} sent, {want[1]} received)", []).append(r)
     for what, rows in wrong.items():
         verdict.problems.append(f"bytes of kind {what} differ in rounds {_rounds_text(sorted(set(rows)))}")
+
+
+def _mpi_bytes(verdict: Verdict, path: Path, config: dict, attrs: dict, done: int) -> None:
+    """What crossed MPI per rank (``/comm/bytes_mpi_*``, on each rank's first client, 0 on its
+    others) against the algorithm's rank-level declaration (``Payload.rank_sent``), with the
+    layout of the attr ``client_rank``. Only for the job that wrote the rows: a file resumed on
+    another layout records the last one, so it is checked only when it was never resumed."""
+    import h5py
+
+    from .algorithms import Sizes, resolve
+    from .algorithms.codistill import CoDistillation
+    from .config import ConfigError
+
+    if "client_rank" not in attrs or "payload_sizes" not in attrs or len(attrs.get("resumed_at", [])):
+        return
+    try:
+        cls, params = resolve(config.get("algorithm") or {})
+    except ConfigError:
+        return  # named by _bytes
+    with h5py.File(path, "r") as f:
+        if "comm/bytes_mpi_sent" not in f:
+            return
+        sent, recv = f["comm/bytes_mpi_sent"][:done], f["comm/bytes_mpi_recv"][:done]
+        kinds = [k.decode() if isinstance(k, bytes) else str(k) for k in f["comm/bytes_mpi_sent"].attrs["kinds"]]
+        teachers = f["comm/teacher"][:done]
+    owner = np.asarray(attrs["client_rank"], dtype=np.int64)
+    sizes = Sizes(**yaml.safe_load(attrs["payload_sizes"]))
+    skipped = attrs.get("on_nonfinite") == "skip" or config.get("on_nonfinite") == "skip"
+    p2p = cls is CoDistillation and params.teacher_per == "round" and params.classes == "expertise"
+    wrong: set[int] = set()
+    clients = len(owner)
+    for r in range(done):
+        t = teachers[r]
+        if p2p and not all(v == -1 or (0 <= v < clients and v != s) for s, v in enumerate(t)):
+            continue  # a teacher that is no other client: named by the teacher check, not here
+        for rank in range(int(owner.max()) + 1):
+            mine = np.flatnonzero(owner == rank)
+            rows = CoDistillation.rows_per_rank(teachers[r], owner, rank) if p2p else (0, 0)
+            declared = cls.rank_bytes_per_round(sizes, params, len(mine), *rows)
+            for i, kind in enumerate(kinds):
+                got = (int(sent[r, mine[0], i]), int(recv[r, mine[0], i]))
+                want = tuple(declared.get(kind, (0, 0)))
+                if got != want and not (skipped and got[0] <= want[0] and got[1] <= want[1]):
+                    wrong.add(r)
+            if sent[r, mine[1:]].any() or recv[r, mine[1:]].any():
+                wrong.add(r)
+    if wrong:
+        verdict.problems.append(
+            f"MPI bytes per rank (/comm/bytes_mpi_*) differ from the declaration in rounds {_rounds_text(sorted(wrong))}"
+        )
 
 
 def main(paths: list[str]) -> int:

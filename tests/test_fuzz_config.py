@@ -51,6 +51,8 @@ KEYS = {
     "seed": Key("int", 0),
     "device": Key("choice", choices=("auto", "cpu", "cuda")),
     "output": Key("str"),
+    "clients_per_rank": Key("choice", choices=("one", "balanced")),
+    "participation": Key("float", 0, True, 1, False),
     "on_nonfinite": Key("choice", choices=("abort", "skip")),
     "data.name": Key("choice", choices=("breast_cancer", "medmnist", "aptos", "covid")),
     "data.path": Key("str", optional=True, always_bad=True),

@@ -136,6 +136,7 @@ def test_operational_keys_are_one_documented_constant():
         "debug",
         "timeout",
         "eval",
+        "clients_per_rank",  # how the clients are laid out on ranks: the same results (mpicd.layout)
     }
 
 

@@ -160,6 +160,7 @@ STREAMS = {
     ("rng", seeds.K_SUBSET, ("rank", "round", "class")),
     ("rng", seeds.PRIVACY, ("rank", "round", "use")),  # mpicd/privacy/streams.py (audit: trial, neighbour, use)
     ("torch", seeds.PRIVACY, ("rank", "round", "use")),  # DP-SGD's sampling and noise generators
+    ("rng", seeds.PARTICIPATION, ("round",)),
 }
 
 
@@ -183,7 +184,7 @@ def test_every_stream_of_a_run_is_distinct(seed, split_seed):
             numpy_states.append(state(seeds.rng(s, purpose, *key)))
         else:
             torch_seeds.append(seeds.torch_seed(s, purpose, *key))
-    assert len(numpy_states) == 1 + 1 + 1 + 16 * 40 * 3 + 40 + 40 * 16 + 16 * 40 * 8 + 16 * 40 * PRIVACY_USES
+    assert len(numpy_states) == 1 + 1 + 1 + 16 * 40 * 3 + 40 + 40 * 16 + 16 * 40 * 8 + 16 * 40 * PRIVACY_USES + 40
     assert len(set(numpy_states)) == len(numpy_states)
     assert len(torch_seeds) == 1 + 16 * 40 * PRIVACY_USES
     # torch's CPU generator keeps the low 32 bits of a seed: those must differ too

@@ -96,3 +96,28 @@ def mean_over_clients(summed: np.ndarray, weights: np.ndarray) -> tuple[np.ndarr
     means = np.zeros_like(summed)
     means[has] = summed[has] / weights[has, None]
     return means, has
+
+
+def one_per_rank(ctx) -> bool:
+    """Whether the exchange is a single client's, without a layout (``ctx.owner`` None: drivers and
+    tests that build one client per rank without the round loop): the plain operations then."""
+    return ctx.owner is None
+
+
+def allreduce_over_clients(ctx, contributions: dict[int, np.ndarray], template: np.ndarray) -> np.ndarray:
+    """The sum of every participating client's contribution: without a layout its ``allreduce_sum``;
+    else the rank sums its clients' first (zeros like ``template`` if none takes part), then one
+    Allreduce (:meth:`mpicd.comm.Comm.allreduce_sum_clients`)."""
+    if one_per_rank(ctx):
+        (only,) = contributions.values()
+        return ctx.comm.allreduce_sum(only)
+    return ctx.comm.allreduce_sum_clients(contributions, template)
+
+
+def allgather_over_clients(ctx, blocks: dict[int, np.ndarray]) -> np.ndarray:
+    """Every client's block in client order: with one client per rank an ``allgather``, else one
+    Allgatherv of each rank's clients' blocks (:meth:`mpicd.comm.Comm.allgather_clients`)."""
+    if one_per_rank(ctx):
+        (only,) = blocks.values()
+        return ctx.comm.allgather(only)
+    return ctx.comm.allgather_clients(blocks, ctx.owner)

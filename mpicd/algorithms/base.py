@@ -24,7 +24,12 @@ if TYPE_CHECKING:  # the comm layer imports MPI; `mpicd check` must work without
 
 @dataclass
 class Context:
-    """What an algorithm may know about its rank and the run."""
+    """What an algorithm may know about its client and the run.
+
+    ``rank`` and ``size`` are the client's index and the number of clients (their names from when
+    a client was always a rank: with ``clients_per_rank: one`` they are the MPI rank and size);
+    ``comm.rank`` is the MPI rank, ``owner[i]`` the rank holding client i (:mod:`mpicd.layout`).
+    """
 
     comm: "Comm"
     model: FeatureHeadModel
@@ -34,14 +39,25 @@ class Context:
     expertise: np.ndarray  # (clients,) expertise class of every client
     train_x: torch.Tensor  # this client's training data, on ``device``
     train_y: torch.Tensor
+    client: int | None = None  # this client's index (None: the MPI rank)
+    owner: np.ndarray | None = None  # (clients,) the rank of every client (None: client i on rank i)
+    participants: np.ndarray | None = None  # the round's participating clients (None: all; mpicd.participation)
+
+    @property
+    def participating(self) -> bool:
+        return self.participants is None or self.rank in self.participants
 
     @property
     def rank(self) -> int:
-        return self.comm.rank
+        return self.comm.rank if self.client is None else self.client
 
     @property
     def size(self) -> int:
-        return self.comm.size
+        return self.comm.size if self.owner is None else len(self.owner)
+
+    @property
+    def owners(self) -> np.ndarray:
+        return np.arange(self.comm.size) if self.owner is None else self.owner
 
 
 @dataclass
@@ -102,9 +118,15 @@ class Payload:
     """What one rank sends each round under some options: the single declaration that the README
     table (:func:`mpicd.algorithms.payload_table`), ``jobs/bench_comm.py`` and the byte tests read.
 
-    ``sent`` / ``recv`` are this rank's bytes per round as formulas in N, C, D, P, B (:class:`Sizes`)
-    and S, the number of students it serves in the round (co-distillation's plan); ``when`` the
-    option values under which it applies (empty: always).
+    ``sent`` / ``recv`` are one client's bytes per round as formulas in N, C, D, P, B (:class:`Sizes`)
+    and S, the number of students it serves in the round (co-distillation's plan): what it sends
+    and receives in a deployment with one site per client, and with one client per rank what its
+    rank sends and receives. ``rank_sent`` / ``rank_recv``: what crosses MPI from a rank that holds
+    K clients (mpicd.layout), T the rows it sends (co-distillation: for each other rank, its
+    teachers with a student there) and U the rows it receives (the teachers on other ranks of its
+    clients); empty: the same as ``sent`` / ``recv`` (a rank sums its clients' contributions).
+    With K = 1, T = S and U = 1 they are ``sent`` / ``recv``. ``when``: the option values under
+    which it applies (empty: always).
     """
 
     kind: str  # one of mpicd.ledger.KINDS
@@ -113,11 +135,14 @@ class Payload:
     sent: str
     recv: str
     when: tuple[tuple[str, object], ...] = ()
+    rank_sent: str = ""
+    rank_recv: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"payload kind {self.kind!r} is not one of {KINDS}")
         self.bytes(Sizes(1, 1, 1, 1, 1), 1)  # a malformed formula fails at import
+        self.rank_bytes(Sizes(1, 1, 1, 1, 1), 1, 1, 1)
 
     def applies(self, params) -> bool:
         return all(getattr(params, key) == value for key, value in self.when)
@@ -125,6 +150,12 @@ class Payload:
     def bytes(self, sizes: Sizes, students: int = 0) -> tuple[int, int]:
         names = {**asdict(sizes), "S": students}
         return tuple(_evaluate(ast.parse(f, mode="eval"), names) for f in (self.sent, self.recv))
+
+    def rank_bytes(self, sizes: Sizes, clients: int, rows_sent: int = 0, rows_recv: int = 0) -> tuple[int, int]:
+        """A rank's MPI bytes per round: K = ``clients`` it holds, T = ``rows_sent``, U = ``rows_recv``."""
+        names = {**asdict(sizes), "K": clients, "T": rows_sent, "U": rows_recv}
+        formulas = (self.rank_sent or self.sent, self.rank_recv or self.recv)
+        return tuple(_evaluate(ast.parse(f, mode="eval"), names) for f in formulas)
 
 
 class Algorithm:
@@ -170,15 +201,44 @@ class Algorithm:
             counts[payload.kind] = payload.bytes(sizes, students)
         return counts
 
+    @classmethod
+    def rank_bytes_per_round(
+        cls, sizes: Sizes, params, clients: int, rows_sent: int = 0, rows_recv: int = 0
+    ) -> dict[str, tuple[int, int]]:
+        """What crosses MPI from a rank holding ``clients`` clients in one round, per kind (see
+        :class:`Payload`: K, T, U)."""
+        counts = dict.fromkeys(KINDS, (0, 0))
+        payload = cls.payload_for(params)
+        if payload is not None:
+            counts[payload.kind] = payload.rank_bytes(sizes, clients, rows_sent, rows_recv)
+        return counts
+
     def before_epoch(self, round_index: int) -> None:
-        """Exchange what the coming epoch needs (co-distillation's representations)."""
+        """Exchange what the coming epoch needs (co-distillation's representations): the hook of a
+        rank holding this one client. An algorithm that communicates implements :meth:`before_round`
+        and calls it with ``[self]`` here."""
 
     def extra_loss(self, batch: Batch) -> torch.Tensor | None:
         """A term added to the batch's cross-entropy, or None."""
         return None
 
     def after_epoch(self, round_index: int) -> None:
-        """Exchange what the finished epoch produced (averaging, prototypes, logits)."""
+        """Exchange what the finished epoch produced (averaging, prototypes, logits); one client
+        on the rank, as :meth:`before_epoch`."""
+
+    @classmethod
+    def before_round(cls, members: list["Algorithm"], round_index: int) -> None:
+        """Rank level, before the epochs of every client this rank holds (``members``, in client
+        order, all ranks calling it together): one exchange for all of them. Default: each
+        client's :meth:`before_epoch` (right for an algorithm whose hook does not communicate)."""
+        for member in members:
+            member.before_epoch(round_index)
+
+    @classmethod
+    def after_round(cls, members: list["Algorithm"], round_index: int) -> None:
+        """Rank level, after the epochs of every client this rank holds; see :meth:`before_round`."""
+        for member in members:
+            member.after_epoch(round_index)
 
     def drop_update(self, round_index: int) -> None:
         """This client's update of the round is dropped (``on_nonfinite: skip``): it still takes

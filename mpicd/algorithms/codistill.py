@@ -44,13 +44,22 @@ import torch.nn.functional as F
 
 from ..config import ConfigError, spec
 from .. import seeds
+from .aggregate import allgather_over_clients, one_per_rank
 from .base import Algorithm, Batch, Context, Payload, Sizes
 
 MEAN_CHUNK = 256  # images per forward pass when a teacher averages its features
 
 
-def teacher_assignment(seed: int, round_index: int, clients: int) -> np.ndarray:
-    """t(i) for every client, uniform over the others; -1 everywhere for a single client."""
+def teacher_assignment(seed: int, round_index: int, clients: int, participants=None) -> np.ndarray:
+    """t(i) for every client, uniform over the others; -1 everywhere for a single client.
+    ``participants`` (mpicd.participation; None: everyone): the draw is among them, as if they were
+    the only clients, and the others get -1."""
+    if participants is not None:
+        taking = np.asarray(participants, dtype=np.int64)
+        teachers = np.full(clients, -1, dtype=np.int64)
+        among = teacher_assignment(seed, round_index, len(taking))
+        teachers[taking] = np.where(among >= 0, taking[np.maximum(among, 0)], -1)
+        return teachers
     if clients < 2:
         return np.full(clients, -1, dtype=np.int64)
     draws = seeds.rng(seed, seeds.TEACHERS, round_index).integers(0, clients - 1, size=clients)
@@ -89,6 +98,8 @@ class CoDistillation(Algorithm):
             sent="4*D*S",
             recv="4*D",
             when=(("teacher_per", "round"), ("classes", "expertise"), ("share", "features")),
+            rank_sent="4*D*T",
+            rank_recv="4*D*U",
         ),
         Payload(
             "allgather",
@@ -97,6 +108,7 @@ class CoDistillation(Algorithm):
             sent="4*D",
             recv="4*N*D",
             when=(("teacher_per", "batch"), ("classes", "expertise"), ("share", "features")),
+            rank_sent="4*K*D",
         ),
         Payload(
             "allgather",
@@ -105,6 +117,7 @@ class CoDistillation(Algorithm):
             sent="4*C*D",
             recv="4*N*C*D",
             when=(("classes", "all"), ("share", "features")),
+            rank_sent="4*K*C*D",
         ),
         Payload(
             "p2p",
@@ -114,6 +127,8 @@ class CoDistillation(Algorithm):
             sent="4*C*S",
             recv="4*C",
             when=(("teacher_per", "round"), ("classes", "expertise"), ("share", "logits")),
+            rank_sent="4*C*T",
+            rank_recv="4*C*U",
         ),
         Payload(
             "allgather",
@@ -122,6 +137,7 @@ class CoDistillation(Algorithm):
             sent="4*C",
             recv="4*N*C",
             when=(("teacher_per", "batch"), ("classes", "expertise"), ("share", "logits")),
+            rank_sent="4*K*C",
         ),
         Payload(
             "allgather",
@@ -130,6 +146,7 @@ class CoDistillation(Algorithm):
             sent="4*C*C",
             recv="4*N*C*C",
             when=(("classes", "all"), ("share", "logits")),
+            rank_sent="4*K*C*C",
         ),
     )
 
@@ -137,6 +154,24 @@ class CoDistillation(Algorithm):
     def bytes_per_round(cls, sizes: Sizes, params, students: int = 0) -> dict[str, tuple[int, int]]:
         counts = super().bytes_per_round(sizes, params, students)
         return counts if sizes.N > 1 else {kind: (0, 0) for kind in counts}  # one client: no peer
+
+    @classmethod
+    def rank_bytes_per_round(
+        cls, sizes: Sizes, params, clients: int, rows_sent: int = 0, rows_recv: int = 0
+    ) -> dict[str, tuple[int, int]]:
+        counts = super().rank_bytes_per_round(sizes, params, clients, rows_sent, rows_recv)
+        return counts if sizes.N > 1 else {kind: (0, 0) for kind in counts}
+
+    @staticmethod
+    def rows_per_rank(teachers: np.ndarray, owner: np.ndarray, rank: int) -> tuple[int, int]:
+        """(T, U) of the point-to-point exchange for ``rank`` (see :class:`~mpicd.algorithms.Payload`):
+        the rows it sends, one per (teacher on it, other rank holding a student of that teacher),
+        and the rows it receives, one per teacher on another rank of its clients."""
+        owner = np.asarray(owner)
+        pairs = [(s, int(t)) for s, t in enumerate(teachers) if t >= 0]
+        sent = {(t, int(owner[s])) for s, t in pairs if owner[t] == rank and owner[s] != rank}
+        received = {t for s, t in pairs if owner[s] == rank and owner[t] != rank}
+        return len(sent), len(received)
 
     @classmethod
     def check(cls, params: CoDistillParams, train_counts: np.ndarray, expertise: np.ndarray) -> None:
@@ -200,37 +235,83 @@ class CoDistillation(Algorithm):
         return np.ascontiguousarray(torch.stack(rows).cpu().numpy(), dtype=np.float32)
 
     def before_epoch(self, round_index: int) -> None:
-        ctx = self.ctx
-        self.teachers = teacher_assignment(ctx.seed, round_index, ctx.size)
-        self.received = {}
+        type(self).before_round([self], round_index)
+
+    @classmethod
+    def before_round(cls, members: list["CoDistillation"], round_index: int) -> None:
+        """The round's teachers (the same draw on every rank) and one exchange for all the clients
+        of this rank: point to point (:meth:`_send_to_students`), or one Allgather(v) of every
+        client's means with ``teacher_per: batch`` or ``classes: all``."""
+        ctx = members[0].ctx
+        teachers = teacher_assignment(ctx.seed, round_index, ctx.size, ctx.participants)
+        for m in members:
+            m.teachers, m.received = teachers, {}
         if ctx.size < 2:
             return
-        if self.params.teacher_per == "round" and self.params.classes == "expertise":
-            self._send_to_students(round_index)
+        params = members[0].params
+        if params.teacher_per == "round" and params.classes == "expertise":
+            cls._send_to_students(members, round_index)
             return
-        everyone = ctx.comm.allgather(self.class_means(round_index))
-        self.received = {t: torch.from_numpy(everyone[t]).to(ctx.device) for t in range(ctx.size) if t != ctx.rank}
-        if self.params.teacher_per == "batch":
-            self.batch_teachers = seeds.rng(ctx.seed, seeds.BATCH_TEACHERS, round_index, ctx.rank)
+        everyone = allgather_over_clients(ctx, {m.ctx.rank: m.class_means(round_index) for m in members})
+        for m in members:
+            m.received = {t: torch.from_numpy(everyone[t]).to(m.ctx.device) for t in range(ctx.size) if t != m.ctx.rank}
+            if params.teacher_per == "batch":
+                m.batch_teachers = seeds.rng(ctx.seed, seeds.BATCH_TEACHERS, round_index, m.ctx.rank)
 
     def drop_update(self, round_index: int) -> None:
         self.dropping = round_index  # dropped before the exchange: this round's students get nothing
 
     dropping: int | None = None
 
-    def _send_to_students(self, round_index: int) -> None:
-        """The method as published: the representation goes only to this round's students
-        (an empty message when this client's update was dropped: they train without the term)."""
-        ctx = self.ctx
-        students = np.flatnonzero(self.teachers == ctx.rank)
-        nothing = self.dropping == round_index
-        mine = (np.zeros(0, dtype=np.float32) if nothing else self.class_means(round_index)) if len(students) else None
-        teacher = int(self.teachers[ctx.rank])
-        received = np.empty((1, self.width), dtype=np.float32)
-        (got,) = ctx.comm.exchange(
-            [(int(s), mine) for s in students], [(teacher, received)], tag=round_index % 32768, allow_empty=True
+    @classmethod
+    def _send_to_students(cls, members: list["CoDistillation"], round_index: int) -> None:
+        """The method as published: a teacher's R goes only to this round's students. A student on
+        the teacher's rank gets a local copy; every other rank holding students of this rank's
+        teachers gets one message, the R of those teachers stacked in client order (one client per
+        rank: one R per message). A dropped teacher's R is left out of the message: with one client
+        per rank its students get an empty message and train without the term."""
+        ctx = members[0].ctx
+        comm, owner, teachers = ctx.comm, ctx.owners, members[0].teachers
+        mine = {m.ctx.rank: m for m in members}
+        means: dict[int, np.ndarray] = {}  # this rank's teachers of the round: their R (1, width)
+        for t, m in mine.items():
+            if np.any(teachers == t) and m.dropping != round_index:
+                means[t] = m.class_means(round_index)
+        width = members[0].width
+        sends, recvs = [], []
+        for other in range(comm.size):
+            if other == comm.rank:
+                continue
+            theirs = np.flatnonzero(owner == other)
+            to_them = sorted({int(teachers[s]) for s in theirs if int(teachers[s]) in mine})
+            if to_them:
+                rows = [means[t] for t in to_them if t in means]
+                message = np.concatenate(rows) if rows else np.zeros(0, dtype=np.float32)
+                sends.append((other, np.ascontiguousarray(message, dtype=np.float32)))
+            from_them = sorted({int(teachers[s]) for s in mine if teachers[s] >= 0 and owner[teachers[s]] == other})
+            if from_them:
+                recvs.append((other, from_them, np.empty((len(from_them), width), dtype=np.float32)))
+        deployment = {}  # per client: R sent to each of its students, R received from its teacher
+        for c in mine:
+            students = int(np.sum(teachers == c))
+            sent = means[c].nbytes * students if c in means else 0
+            teacher = int(teachers[c])
+            got = 0 if teacher < 0 or (teacher in mine and teacher not in means) else 4 * width
+            deployment[c] = (sent, got)
+        counts = comm.exchange(
+            sends,
+            [(other, buffer) for other, _, buffer in recvs],
+            tag=round_index % 32768,
+            allow_empty=True,
+            **({} if one_per_rank(ctx) else {"clients": deployment}),
         )
-        self.received = {teacher: torch.from_numpy(received).to(ctx.device)} if got else {}
+        arrived = dict(means)
+        for (_, from_them, buffer), got in zip(recvs, counts):
+            if got:  # 0: its one teacher's update was dropped (one client per rank)
+                arrived.update({t: buffer[j : j + 1].copy() for j, t in enumerate(from_them)})
+        for c, m in mine.items():
+            teacher = int(teachers[c])
+            m.received = {teacher: torch.from_numpy(arrived[teacher]).to(m.ctx.device)} if teacher in arrived else {}
 
     def batch_teacher(self) -> int:
         """The teacher of the next minibatch: t(rank), or with ``teacher_per: batch`` a fresh

@@ -71,7 +71,7 @@ import torch
 
 from ..config import ConfigError, spec
 from .base import Algorithm, Batch, Context, Payload
-from .aggregate import assign, flatten
+from .aggregate import allgather_over_clients, assign, flatten
 
 
 def squared_distances(models: np.ndarray, i: int) -> np.ndarray:
@@ -232,6 +232,7 @@ class FedAMP(Algorithm):
             sent="4*P",
             recv="4*N*P",
             when=(("exchange", "allgather"),),
+            rank_sent="4*K*P",
         ),
         Payload(
             "p2p",
@@ -274,27 +275,41 @@ class FedAMP(Algorithm):
         return gaussian_weights(squared_distances(models, i), i, self.alpha, self.sigma)
 
     def after_epoch(self, round_index: int) -> None:
-        own = flatten(list(self.ctx.model.parameters()))
-        if self.params.exchange == "ring":
-            cfg = self.params
-            self.xi, u = streaming_cloud(
-                own,
-                self.ctx.rank,
-                self.ctx.size,
-                ring(self.ctx.comm, own),
-                cfg.similarity,
-                self.alpha,
-                self.sigma,
-                cfg.self_weight,
-                cfg.cosine_scale,
-            )
-        else:
-            models = self.ctx.comm.allgather(own)
-            self.xi = self.weights(models)
-            u = cloud_model(models, self.xi)
+        type(self).after_round([self], round_index)
+
+    @classmethod
+    def after_round(cls, members: list["FedAMP"], round_index: int) -> None:
+        """The ring (one client per rank), or one Allgather(v) of the rank's clients' models, from
+        which each client computes its own xi and u_i (the same numbers on any layout)."""
+        if members[0].params.exchange == "ring":
+            (member,) = members  # mpicd.loop refuses the ring with several clients on a rank
+            member._after_ring()
+            return
+        ctx = members[0].ctx
+        models = allgather_over_clients(ctx, {m.ctx.rank: flatten(list(m.ctx.model.parameters())) for m in members})
+        for m in members:
+            m.xi = m.weights(models)
+            m._set_cloud(cloud_model(models, m.xi))
+
+    def _set_cloud(self, u: np.ndarray) -> None:
         cloud = [torch.empty_like(p, requires_grad=False) for p in self.ctx.model.parameters()]
         assign(cloud, u)
         self.cloud = cloud
+
+    def _after_ring(self) -> None:
+        own, cfg = flatten(list(self.ctx.model.parameters())), self.params
+        self.xi, u = streaming_cloud(
+            own,
+            self.ctx.rank,
+            self.ctx.size,
+            ring(self.ctx.comm, own),
+            cfg.similarity,
+            self.alpha,
+            self.sigma,
+            cfg.self_weight,
+            cfg.cosine_scale,
+        )
+        self._set_cloud(u)
 
     def proximal(self) -> torch.Tensor:
         """(lambda / (2 alpha)) ||w - u_i||^2 on the live parameters: differentiable in w."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .aggregate import assign, averaged_tensors, flatten
+from .aggregate import allreduce_over_clients, assign, averaged_tensors, flatten
 from .base import Algorithm, Payload
 
 
@@ -48,7 +48,16 @@ class FedAvg(Algorithm):
         return np.ascontiguousarray(np.concatenate([theta * n, [n]]), dtype=np.float32)
 
     def after_epoch(self, round_index: int) -> None:
-        total = self.ctx.comm.allreduce_sum(self.payload())
-        self.dropped = False
-        if total[-1] > 0:  # 0: every client's update was dropped; each keeps its own model
-            assign(averaged_tensors(self.ctx.model), total[:-1] / total[-1])
+        type(self).after_round([self], round_index)
+
+    @classmethod
+    def after_round(cls, members: list["FedAvg"], round_index: int) -> None:
+        """The rank sums its participating clients' contributions, then one Allreduce (mpicd.comm);
+        every client takes the average (mpicd.participation)."""
+        mine = {m.ctx.rank: m.payload() for m in members if m.ctx.participating}
+        template = mine[min(mine)] if mine else members[0].payload()
+        total = allreduce_over_clients(members[0].ctx, mine, template)
+        for m in members:
+            m.dropped = False
+            if total[-1] > 0:  # 0: every client's update was dropped; each keeps its own model
+                assign(averaged_tensors(m.ctx.model), total[:-1] / total[-1])

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..config import spec
 from .base import Algorithm, Batch, Context, Payload
-from .aggregate import PerClassMeans, mean_over_clients
+from .aggregate import PerClassMeans, allreduce_over_clients, mean_over_clients
 
 
 def teacher_logits(
@@ -93,8 +93,20 @@ class FedDistill(Algorithm):
         return self.params.lambda_ * F.cross_entropy(batch.logits[mask], self.targets[batch.y[mask]])
 
     def after_epoch(self, round_index: int) -> None:
-        self.sent = self.local.payload()
-        self.received = self.ctx.comm.allreduce_sum(self.sent)
-        logits, has = teacher_logits(self.received, self.sent, self.ctx.num_classes, self.params.exclude_self)
-        self.targets = torch.softmax(torch.from_numpy(logits).to(self.ctx.device), dim=1)
-        self.has_teacher = torch.from_numpy(has).to(self.ctx.device)
+        type(self).after_round([self], round_index)
+
+    @classmethod
+    def after_round(cls, members: list["FedDistill"], round_index: int) -> None:
+        """The rank sums its participating clients' payloads, then one Allreduce (mpicd.comm); a
+        client that sits the round out keeps what it had (mpicd.participation)."""
+        members_all, members = members, [m for m in members if m.ctx.participating]
+        for m in members:
+            m.sent = m.local.payload()
+        received = allreduce_over_clients(
+            members_all[0].ctx, {m.ctx.rank: m.sent for m in members}, members_all[0].local.payload()
+        )
+        for m in members:
+            m.received = received
+            logits, has = teacher_logits(received, m.sent, m.ctx.num_classes, m.params.exclude_self)
+            m.targets = torch.softmax(torch.from_numpy(logits).to(m.ctx.device), dim=1)
+            m.has_teacher = torch.from_numpy(has).to(m.ctx.device)

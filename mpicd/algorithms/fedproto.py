@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import spec
-from .aggregate import PerClassMeans, mean_over_clients
+from .aggregate import PerClassMeans, allreduce_over_clients, mean_over_clients
 from .base import Algorithm, Batch, Context, Payload
 
 
@@ -101,11 +101,23 @@ class FedProto(Algorithm):
         return self.params.lambda_ * F.mse_loss(batch.features[mask], self.prototypes[batch.y[mask]])
 
     def after_epoch(self, round_index: int) -> None:
-        self.sent = self.local.payload(weighted=self.params.weighting == "samples")
-        self.received = self.ctx.comm.allreduce_sum(self.sent)
-        means, has = mean_over_clients(*self.local.split(self.received))
-        self.prototypes = torch.from_numpy(means).to(self.ctx.device)
-        self.has_prototype = torch.from_numpy(has).to(self.ctx.device)
+        type(self).after_round([self], round_index)
+
+    @classmethod
+    def after_round(cls, members: list["FedProto"], round_index: int) -> None:
+        """The rank sums its participating clients' payloads, then one Allreduce (mpicd.comm); a
+        client that sits the round out keeps what it had (mpicd.participation)."""
+        members_all, members = members, [m for m in members if m.ctx.participating]
+        for m in members:
+            m.sent = m.local.payload(weighted=m.params.weighting == "samples")
+        received = allreduce_over_clients(
+            members_all[0].ctx, {m.ctx.rank: m.sent for m in members}, members_all[0].local.payload()
+        )
+        for m in members:
+            m.received = received
+            means, has = mean_over_clients(*m.local.split(received))
+            m.prototypes = torch.from_numpy(means).to(m.ctx.device)
+            m.has_prototype = torch.from_numpy(has).to(m.ctx.device)
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         model = self.ctx.model
