@@ -32,12 +32,12 @@ Readers here skip the scales (:func:`is_scale`).
 The per-round datasets are declared once in :func:`columns`; creation, the collective write and
 the serial fallback's pack/unpack all follow that table.
 
-With h5py built against MPI (driver ``mpio``) every rank writes its own clients' rows with
-independent I/O (a third of the time of one collective write per column, measured in
-BENCHMARKS.md), and all ranks make every metadata change and every flush together. Without MPI
-support rank 0 gathers the rows (through ``comm``, so the bytes are counted) and writes serially:
-the same layout. Rows wait in memory and are written, claimed in ``completed_rounds`` (updated in
-place) and flushed every :func:`flush_interval` rounds, at a stop and at the end, so a crash
+Rows are gathered at each flush (one Allgather through ``comm``, so the bytes are counted) and
+rank 0 writes them, one contiguous block per dataset (BENCHMARKS.md: every rank writing its own
+rows made the write's CPU time grow with the ranks). With h5py built against MPI (driver ``mpio``)
+all ranks hold the file open and make every metadata change and every flush together; without
+MPI support rank 0 alone opens it: the same layout. Rows wait in memory and are written, claimed
+in ``completed_rounds`` (updated in place) and flushed every :func:`flush_interval` rounds, at a stop and at the end, so a crash
 leaves the flushed rounds readable and loses at most the buffered ones.
 """
 
@@ -314,8 +314,9 @@ def flush_interval(flush_every: int | str, ranks: int) -> int:
     A flush is collective and on oversubscribed cores its cost grows with the ranks (16 ranks on 2
     cores: ~15 ms against ~1 ms at 2; BENCHMARKS.md), so ``auto`` flushes every ceil(ranks / 4)
     rounds: every round up to 4 ranks, every 8th at 32 (the write per round grew 5x from 2 to 32
-    ranks here, against 10x flushed every round; BENCHMARKS.md). Between flushes the rows wait in memory: a crash loses at most that many rounds, which
-    ``--resume`` recomputes from the checkpoint (one at or before the flushed round is kept).
+    ranks here, against 10x flushed every round; BENCHMARKS.md). Between flushes the rows wait in
+    memory: a crash loses at most that many rounds, which ``--resume`` recomputes from the
+    checkpoint (one at or before the flushed round is kept).
     """
     if flush_every == "auto":
         return max(1, -(-ranks // 4))
@@ -551,10 +552,8 @@ class ResultsWriter:
     def _put(self, name: str, index: tuple, values: dict) -> None:
         """Write ``values[client]`` at ``dset[(*index, client)]``: this rank's clients, or all serially.
 
-        Parallel: independent writes of this rank's own contiguous rows. A collective write per
-        column made every rank wait for all others ~22 times a round (4 ranks on 2 busy cores:
-        350-480 ms a round, against 110-170 ms now; BENCHMARKS.md); the one synchronisation is
-        the flush (collective, MPI_File_sync), after which every row is in the file.
+        Used for the few writes outside the buffered rows (placement, clearing rows on resume,
+        the bytes outside rounds); the rows themselves go as blocks from rank 0 (:meth:`_flush`).
         """
         dset = self.file[name]
         for client, value in values.items():
