@@ -123,11 +123,24 @@ def valid_rows(path: Path, rows: int) -> None:
             assert np.isfinite(f["metrics"][name][:rows]).all(), name
 
 
-def wait_for(condition, timeout: float, what: str, pause: float = 0.2) -> None:
+def wait_for(condition, timeout: float, what: str, pause: float = 0.2, detail=None) -> None:
+    """Poll condition until it holds; on a timeout the message carries detail() (e.g. the job's log)."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{detail() if detail else ''}")
         time.sleep(pause)
+
+
+def job_detail(cluster, job: str, log: Path):
+    """What a timed-out wait on a job shows: its log, Slurm's view of the job, and why nodes are down."""
+
+    def detail() -> str:
+        text = log.read_text() if log.is_file() else "(no log)"
+        shown = cluster.run("scontrol", "show", "job", job).stdout
+        return f"{text}\n--- scontrol show job\n{shown}\n--- sinfo -R\n{cluster.run('sinfo', '-R').stdout}"
+
+    return detail
 
 
 def job_state(cluster, job: str) -> str:
@@ -287,7 +300,9 @@ def test_usr1_on_a_two_node_job_requeues_and_resumes_to_the_uninterrupted_file(n
         relaunched = log.read_text().count("mpicd: launching") >= 2
         return relaunched and job_state(netns2, job) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "GONE")
 
-    wait_for(finished, JOB_TIMEOUT, f"job {job} to be requeued and finish", pause=0.5)
+    wait_for(
+        finished, JOB_TIMEOUT, f"job {job} to be requeued and finish", pause=0.5, detail=job_detail(netns2, job, log)
+    )
     text = log.read_text()
     assert job_state(netns2, job) in ("COMPLETED", "GONE"), text
     assert "requeueing job" in text and re.search(r"resuming at round \d+", text), text

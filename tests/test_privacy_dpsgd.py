@@ -120,17 +120,19 @@ def test_dpsgd_refuses_batchnorm_with_a_clear_error():
 
 CLEAN_RUN = """
 import sys
+from pathlib import Path
+from mpi4py import MPI
 from mpicd import cli
 from mpicd.privacy import accountant, audit, clip, dpsgd, gaussian, release, sampling, streams
 code = cli.main(["run", sys.argv[1], "rounds=1", "clients=2", "--out", sys.argv[2]])
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("opacus", "dp_accounting"))
-print("CODE", code, "HEAVY", heavy)
+Path(sys.argv[3], f"rank{MPI.COMM_WORLD.Get_rank()}.txt").write_text(f"CODE {code} HEAVY {heavy}")
 """
 
 
 def test_default_path_never_imports_opacus_or_dp_accounting(tmp_path):
-    result = mpiexec(2, "-c", CLEAN_RUN, str(QUICKSTART), str(tmp_path / "run.h5"), timeout=180)
+    result = mpiexec(2, "-c", CLEAN_RUN, str(QUICKSTART), str(tmp_path / "run.h5"), str(tmp_path), timeout=180)
     assert result.returncode == 0, result.stderr
-    lines = [line for line in result.stdout.splitlines() if line.startswith("CODE")]
+    lines = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]  # one file a rank: stdout interleaves
     assert lines == ["CODE 0 HEAVY []"] * 2, result.stdout
     assert (tmp_path / "run.h5").is_file()
