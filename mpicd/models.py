@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import ConfigError
+from .schema import ConfigError
 
 # Smallest image side each convolutional stack accepts (below it a pooling output is empty).
 MIN_IMAGE_SIDE = {"lenet": 4, "fedavgcnn": 16, "resnet18": 1}

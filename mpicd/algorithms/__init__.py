@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..config import ConfigError, from_mapping
+from ..schema import ConfigError, from_mapping
 from .base import Algorithm, Batch, Context, Payload, Sizes
 from .centralized import Centralized
 from .codistill import CoDistillation

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..config import ConfigError, spec
+from ..schema import ConfigError, spec
 from .. import seeds
 from .aggregate import allgather_over_clients, one_per_rank
 from .base import Algorithm, Batch, Context, Payload, Sizes

@@ -69,7 +69,7 @@ from typing import Literal, Union
 import numpy as np
 import torch
 
-from ..config import ConfigError, spec
+from ..schema import ConfigError, spec
 from .base import Algorithm, Batch, Context, Payload
 from .aggregate import allgather_over_clients, assign, flatten
 

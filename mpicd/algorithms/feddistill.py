@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..config import spec
+from ..schema import spec
 from .base import Algorithm, Batch, Context, Payload
 from .aggregate import PerClassMeans, allreduce_over_clients, mean_over_clients
 
