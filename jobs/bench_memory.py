@@ -45,7 +45,7 @@ def private_run(argv: list[str]) -> int:
     import mpicd.plan
 
     shared_prepare = mpicd.plan.prepare
-    mpicd.plan.prepare = lambda config, comm=None: shared_prepare(config)  # cli.run imports it at call time
+    mpicd.plan.prepare = lambda config, comm=None: shared_prepare(config)  # runner.run imports it at call time
     from mpicd.cli import main
 
     return main(["run", *argv])

@@ -508,7 +508,7 @@ def startup(s: Settings, folder: Path) -> dict:
     """Fresh launches of the quick start on ``s.ranks`` ranks: phases, and seconds to round 1."""
     import yaml
 
-    from .cli import STARTUP_PHASES
+    from .runner import STARTUP_PHASES
 
     config = ROOT / "configs" / "quickstart.yaml"
     totals, phases = [], {name: [] for name in (*STARTUP_PHASES, "model_build")}

@@ -74,7 +74,7 @@ class Counter:
 def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lambda: False) -> int:
     """Run every pending run of the sweep; returns the exit status (0, 1: a run failed, 75: stopped)."""
     from . import signals
-    from .cli import agreed
+    from .runner import agreed
     from .loop import run as run_rounds
     from .plan import prepare
     from .runtime import place
@@ -180,7 +180,7 @@ def _check_sweep(runs: list, world_size: int) -> list:
 
 def main(sweep_path: str) -> int:
     from . import signals
-    from .cli import say
+    from .runner import say
     from .runtime import abort_on_exception
 
     stop = signals.install()

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from mpicd.algorithms import resolve
-from mpicd.cli import launch_hint
+from mpicd.runner import launch_hint
 from mpicd.config import Config, load_config
 from mpicd.results import Results
 from mpicd.sweep import duration, progress
