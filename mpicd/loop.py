@@ -377,7 +377,7 @@ def _rounds(
     from .participation import participants
     from .results import RoundRow, flush_interval
 
-    from .sweep import duration
+    from .durations import duration
 
     cfg, ledger, every = plan.config, comm.ledger, plan.config.checkpoint.every
     flush_every = flush_interval(cfg.checkpoint.flush_every, comm.size)

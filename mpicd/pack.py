@@ -26,7 +26,8 @@ from mpi4py import MPI
 
 from .comm import Comm
 from .config import ConfigError, load_config
-from .sweep import duration, is_done, load_sweep, progress
+from .durations import duration
+from .sweep import is_done, load_sweep, progress
 
 
 def _wait(request: MPI.Request, pause: float = 0.05) -> None:

@@ -25,6 +25,7 @@ import yaml
 
 from .algorithms import resolve
 from .config import ConfigError, config_difference, inline, load_config, to_mapping
+from .durations import duration
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,6 @@ def load_sweep(path: str | Path) -> list[SweepRun]:
         out = output_dir / f"{index:04d}_{name}.h5"
         runs.append(SweepRun(index, base, overrides, config.clients, config.rounds, out, resolved))
     return runs
-
-
-def duration(seconds: float) -> str:
-    """12s, 4m05s, 3h07m: times in progress lines."""
-    s = int(round(seconds))
-    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def progress(finished: int, failed: int, total: int, elapsed: float, run_seconds: float, parallel: int = 1) -> str:

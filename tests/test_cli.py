@@ -14,7 +14,8 @@ from mpicd.algorithms import resolve
 from mpicd.runner import launch_hint
 from mpicd.config import Config, load_config
 from mpicd.results import Results
-from mpicd.sweep import duration, progress
+from mpicd.durations import duration
+from mpicd.sweep import progress
 
 from conftest import QUICKSTART, ROOT, mpi_env, mpicd_cli, mpicd_run, mpiexec
 
