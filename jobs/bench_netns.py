@@ -1,7 +1,7 @@
 """The network model of ``mpicd bench`` against a network: two namespace nodes (jobs/netns_cluster.py),
 one rank on each, Open MPI over TCP across the bridge (root only).
 
-1. ``python -m mpicd.bench_net`` between node1 and node2 on the bare veth link, then with the link
+1. ``python -m mpicd.bench.net`` between node1 and node2 on the bare veth link, then with the link
    limited by ``tc tbf`` (both directions) to RATE (default 100 Mbit/s, a hospital's uplink):
    ping-pong latency a and bandwidth b fitted as ``mpicd bench`` fits them.
 2. On the limited link, ``mpicd run`` of FedAvg and co-distillation with LeNet and ResNet-18 on
@@ -79,7 +79,7 @@ def net_fit(cluster, folder: Path, name: str, budget: float) -> dict:
     out = folder / f"net-{name}.json"
     sizes = ",".join(map(str, SIZES))
     flags = ["--sizes", sizes, "--repeats", "3", "--budget", str(budget), "--json", str(out)]
-    mpirun(cluster, folder, "-m", "mpicd.bench_net", *flags)
+    mpirun(cluster, folder, "-m", "mpicd.bench.net", *flags)
     return json.loads(out.read_text())
 
 
@@ -107,7 +107,7 @@ def main() -> int:
     parser.add_argument("--images", type=int, default=40)
     parser.add_argument("--json", default=str(ROOT / "docs" / "bench" / "netns.json"))
     args = parser.parse_args()
-    from mpicd.bench import comm_model, model_sizes, progress_allreduce
+    from mpicd.bench.projection import comm_model, model_sizes, progress_allreduce
     from mpicd.config import load_config
     from mpicd.plan import prepare
     from netns_cluster import NetnsCluster

@@ -151,7 +151,7 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     bench.add_argument(
         "--clients-per-rank",
         metavar="LIST",
-        help="also measure clients per rank (mpicd.bench_clients): FedAvg and co-distillation at these client "
+        help="also measure clients per rank (mpicd.bench.clients): FedAvg and co-distillation at these client "
         "counts, e.g. 4,8,16,32,64, on 2 ranks and on one rank per client up to 16",
     )
     bench.add_argument("--config", help="an image dataset's config (default configs/pneumoniamnist.yaml)")

@@ -141,7 +141,7 @@ def test_projection_follows_its_stated_formulas(quick):
 
 
 def test_fit_recovers_latency_and_bandwidth():
-    from mpicd.bench_net import fit
+    from mpicd.bench.net import fit
 
     sizes = np.array([8, 64, 512, 4096, 32768, 262144, 2097152, 16777216])
     latency, bandwidth = fit(sizes, 3e-6 + sizes / 7e9)
@@ -152,7 +152,7 @@ def test_fit_recovers_latency_and_bandwidth():
 
 def test_busiest_teacher_is_the_largest_student_count():
     from mpicd.algorithms.codistill import teacher_assignment
-    from mpicd.bench import busiest_teacher
+    from mpicd.bench.projection import busiest_teacher
 
     for n in (2, 5, 64):
         counts = []

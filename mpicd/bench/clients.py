@@ -1,6 +1,6 @@
 """Clients per rank, measured: how to hold a rank's clients, and when packing them pays.
 
-Two measurements (``mpicd bench --clients-per-rank``, or ``python -m mpicd.bench_clients``):
+Two measurements (``mpicd bench --clients-per-rank``, or ``python -m mpicd.bench.clients``):
 
 * :func:`holding`: in one process, K clients of a config held as one model each (what
   :mod:`mpicd.client` does) against one model whose parameters and optimizer state are swapped in
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rss_bytes() -> int:
@@ -50,7 +50,7 @@ def holding(config: str, overrides: list[str], clients: int = 16, rounds: int = 
     for mode in ("one_model_per_client", "one_model_swapped"):
         argv = ["--config", config, "--holding", str(clients), "--rounds", str(rounds), "--mode", mode, *overrides]
         done = subprocess.run(
-            [sys.executable, "-m", "mpicd.bench_clients", *argv], capture_output=True, text=True, timeout=3600
+            [sys.executable, "-m", "mpicd.bench.clients", *argv], capture_output=True, text=True, timeout=3600
         )
         if done.returncode != 0:
             raise RuntimeError(f"holding ({mode}) failed:\n{done.stderr[-2000:]}")
@@ -65,10 +65,10 @@ def holding_one(config: str, overrides: list[str], clients: int, rounds: int, mo
 
     import torch
 
-    from .client import Client
-    from .config import load_config
-    from .ledger import Ledger
-    from .plan import prepare
+    from ..client import Client
+    from ..config import load_config
+    from ..ledger import Ledger
+    from ..plan import prepare
 
     torch.set_num_threads(1)
     cfg = load_config(config, [*overrides, f"clients={clients}", "algorithm={name: local}"])
@@ -188,7 +188,7 @@ def _launch(n: int, argv: list[str], timeout: float) -> dict:
     import signal
     import subprocess
 
-    from .bench import BenchError, launcher
+    from .harness import BenchError, launcher
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     launched = time.time()
@@ -228,7 +228,7 @@ def one_run(config: str, overrides: list[str], algorithm: str, clients: int, ran
     """One ``mpicd run`` of ``clients`` clients on ``ranks`` ranks: the sweep's figures for it."""
     import yaml
 
-    from .results import Results
+    from ..results import Results
 
     argv = ["-m", "mpicd", "run", config, *overrides, f"clients={clients}", "clients_per_rank=balanced",
             f"rounds={rounds}", f"algorithm={{name: {algorithm}}}", "checkpoint.every=0", "--out", str(out)]  # fmt: skip
@@ -267,7 +267,7 @@ def sweep(config: str, overrides: list[str], clients: list[int], rounds: int, fo
     """Every N of ``clients``: each algorithm on ``packed_ranks`` ranks, and on N ranks while
     N <= ``one_per_client_up_to`` (beyond it the machine's memory, 400 MiB per rank, runs out).
     ``on_row``: called with the rows after each run (to save them as they come)."""
-    from .bench import BenchError
+    from .harness import BenchError
 
     rows = []
     for n in clients:
@@ -318,11 +318,11 @@ def render(holding_result: dict | None, rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m mpicd.bench_clients [--holding] [--clients 4,8,...] [--rounds R] [--json FILE] [overrides]``."""
+    """``python -m mpicd.bench.clients [--holding] [--clients 4,8,...] [--rounds R] [--json FILE] [overrides]``."""
     import argparse
     import tempfile
 
-    parser = argparse.ArgumentParser(prog="python -m mpicd.bench_clients")
+    parser = argparse.ArgumentParser(prog="python -m mpicd.bench.clients")
     parser.add_argument("--config", default=str(ROOT / "configs" / "pneumoniamnist.yaml"))
     parser.add_argument("--clients", default="", help="comma-separated client counts for the sweep")
     parser.add_argument("--rounds", type=int, default=4)

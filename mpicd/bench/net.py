@@ -1,7 +1,7 @@
 """The network as the current launch sees it: ping-pong and Allreduce over message sizes, and a
 latency + bytes / bandwidth fit, for ``mpicd bench``'s projection to many ranks.
 
-    mpirun -n 2 python -m mpicd.bench_net [--sizes 8,64,...] [--repeats 3] [--json FILE]   # prints a table
+    mpirun -n 2 python -m mpicd.bench.net [--sizes 8,64,...] [--repeats 3] [--json FILE]   # prints a table
 
 It times MPI itself (mpi4py's buffer API on numpy arrays, nothing pickled), not mpicd: the
 transport's latency and bandwidth are what the projection scales; mpicd's own per-call costs

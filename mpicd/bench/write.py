@@ -23,7 +23,7 @@ SETTINGS = {"every_round": "checkpoint.flush_every=1", "auto": "checkpoint.flush
 
 def least_waiting_write(path: Path) -> dict:
     """Per round (after the first), the smallest write seconds over the ranks: mean and median, in s."""
-    from .results import Results
+    from ..results import Results
 
     seconds = np.asarray(Results(path).metrics["write_seconds"][1:], dtype=float)
     per_round = np.nanmin(seconds, axis=1)
@@ -37,7 +37,7 @@ def sweep(
 
     ``run_job(n, argv, timeout)``: launches ``n`` ranks of ``python ARGV`` (mpicd.bench.run_job).
     """
-    from .results import flush_interval
+    from ..results import flush_interval
 
     out: dict = {"ranks": list(ranks), "rounds": rounds, "config": str(config)}
     for name in SETTINGS:

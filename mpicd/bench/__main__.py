@@ -1,0 +1,7 @@
+"""``python -m mpicd.bench SPEC``: the MPI job itself (the launcher starts it)."""
+
+import sys
+
+from .job import worker
+
+sys.exit(worker(sys.argv[1]))
