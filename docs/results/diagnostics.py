@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpicd.report import Cell, _label, distinguishing  # noqa: E402
+from mpicd.report.runs import Cell, _label, distinguishing  # noqa: E402
 from mpicd.results import Results  # noqa: E402
 
 LAST = 10
