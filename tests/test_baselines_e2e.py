@@ -19,8 +19,8 @@ from mpicd.plan import prepare
 from mpicd.results import Results
 
 from conftest import QUICKSTART, require_pneumonia
+from drivers.driver_settings import RUN_ROUNDS
 
-RUN_ROUNDS = 2  # tests/drivers/baselines.py RUN_ROUNDS
 ALGORITHMS = ("codistill", "local", "fedavg", "fedproto", "feddistill", "fedamp", "centralized")
 
 

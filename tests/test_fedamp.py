@@ -18,9 +18,7 @@ from mpicd.models import build_model, num_parameters
 from mpicd.results import Results
 
 from conftest import rank_dumps
-
-
-STATS_ROUNDS = 3  # tests/drivers/baselines.py
+from drivers.driver_settings import STATS_ROUNDS
 
 
 class GatherComm:

@@ -8,13 +8,15 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from mpicd.algorithms.fedamp import FedAMPParams, streaming_cloud
+from mpicd.ledger import KINDS
 from mpicd.results import Results
 
 from conftest import DRIVERS, ROOT, mpicd_run, mpiexec, require_pneumonia
+from drivers.driver_settings import FEDAMP_RING_ROUNDS
 from test_resume import assert_same_run, start, stop_on_request, wait_for_checkpoint
 
-ROUNDS = 3  # tests/drivers/fedamp_ring.py
-KIND = {"p2p": 0, "allreduce": 1, "allgather": 2, "bcast": 3}
+ROUNDS = FEDAMP_RING_ROUNDS
+KIND = {kind: i for i, kind in enumerate(KINDS)}  # the file's kind axis
 
 
 def naive(models: np.ndarray, i: int, similarity: str, alpha=0.0, sigma=1.0, self_weight=0.5, scale=10.0):

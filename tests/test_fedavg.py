@@ -11,8 +11,7 @@ from mpicd.models import build_model, num_parameters, resnet18
 from mpicd.results import Results
 
 from conftest import DRIVERS, mpiexec, rank_dumps
-
-STATS_ROUNDS = 3  # tests/drivers/baselines.py
+from drivers.driver_settings import FEDAVG_ROUNDS, STATS_ROUNDS
 
 
 class SummingComm:
@@ -86,7 +85,7 @@ def test_all_ranks_hold_the_bit_identical_sample_weighted_mean(baselines):
             assert not np.array_equal(dumps[0][f"pre_{r + 1}"], post[0])
 
 
-REPLAY_ROUNDS = 3  # tests/drivers/fedavg_rounds.py
+REPLAY_ROUNDS = FEDAVG_ROUNDS
 REPLAY_ATOL = 1e-6  # float32 averaging vs the replay's float64: 5e-8 measured after 3 rounds
 
 

@@ -10,9 +10,10 @@ import pytest
 from mpicd.results import Results
 
 from conftest import DRIVERS, mpiexec
+from drivers.driver_settings import FEDAVG_ROUNDS
 
 RANKS = 3
-ROUNDS = 3  # tests/drivers/fedavg_rounds.py
+ROUNDS = FEDAVG_ROUNDS
 FAIL_RANK = 2  # clients 0 and 2 hold 68 images, client 1 98 (data.skew_mode=authors): the others' weights differ
 FAIL_ROUND = 1  # counted from 0: the middle round
 ATOL = 1e-6  # float32 averaging by MPI vs float64 here

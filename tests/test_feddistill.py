@@ -14,9 +14,7 @@ from mpicd.models import build_model
 from mpicd.results import Results
 
 from conftest import rank_dumps
-
-
-STATS_ROUNDS = 3  # tests/drivers/baselines.py
+from drivers.driver_settings import STATS_ROUNDS
 
 
 class PlusComm:

@@ -11,8 +11,8 @@ from mpicd.results import Results, flush_interval
 from mpicd.verify import verify
 
 from conftest import DRIVERS, QUICKSTART, is_timing, mpicd_run, mpiexec
+from drivers.driver_settings import HELD
 
-HELD = {0: [0, 3], 1: [1], 2: [2, 4]}  # as in tests/drivers/buffered_writer.py
 HOSTS = {c: f"host{rank}" for rank, held in HELD.items() for c in held}
 
 

@@ -21,6 +21,7 @@ from mpicd.models import build_model
 from mpicd.results import Results
 
 from conftest import DRIVERS, ROOT, mpiexec, require_pneumonia
+from drivers.driver_settings import PAYLOAD_VARIANTS
 
 # P by hand from the layer shapes in mpicd/models.py (weights + biases), 1 grey channel, C = 2.
 LENET_P = (
@@ -168,20 +169,7 @@ def job(tmp_path_factory):
     return out
 
 
-BYTE_VARIANTS = {  # tests/drivers/payloads.py VARIANTS
-    "codistill": {"name": "codistill"},
-    "codistill_batch": {"name": "codistill", "teacher_per": "batch"},
-    "codistill_all": {"name": "codistill", "classes": "all"},
-    "codistill_logits": {"name": "codistill", "share": "logits"},
-    "local": {"name": "local"},
-    "centralized": {"name": "centralized"},
-    "fedavg": {"name": "fedavg"},
-    "fedproto": {"name": "fedproto"},
-    "fedproto_equal": {"name": "fedproto", "weighting": "equal"},
-    "feddistill": {"name": "feddistill"},
-    "fedamp": {"name": "fedamp"},
-    "fedamp_ring": {"name": "fedamp", "exchange": "ring"},
-}
+BYTE_VARIANTS = PAYLOAD_VARIANTS
 
 
 @pytest.mark.parametrize("label", BYTE_VARIANTS)

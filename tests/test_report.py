@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
+from mpicd.ledger import KINDS
 from mpicd.report import (
     OPERATIONAL,
     ReportError,
@@ -29,7 +30,6 @@ from mpicd.report import (
 
 from conftest import QUICKSTART, mpicd_cli, mpicd_run
 
-KINDS = ("p2p", "allreduce", "allgather", "bcast")
 BASE = {
     "clients": 2,
     "rounds": 3,

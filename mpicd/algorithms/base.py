@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..ledger import KINDS
-from ..models import FeatureHeadModel
+from ..models import FeatureHeadModel, num_parameters
 
 if TYPE_CHECKING:  # the comm layer imports MPI; `mpicd check` must work without it
     from ..comm import Comm
@@ -92,7 +92,7 @@ class Sizes:
             N=clients,
             C=model.num_classes,
             D=model.feature_dim,
-            P=sum(p.numel() for p in model.parameters()),
+            P=num_parameters(model),
             B=sum(b.numel() for b in model.buffers() if b.is_floating_point()),
         )
 

@@ -29,25 +29,10 @@ parameter*: the formula's sigma is ``sigma * P`` and its alpha is ``alpha * P``.
 ``alpha / sigma`` (P cancels) and the proximal term is ``lambda / (2 alpha_cfg)`` times the mean
 squared deviation from u_i: the same defaults behave alike on every model.
 
-**Defaults, measured, not guessed** (4 clients, skew 0.6, Adam lr 1e-3; mean squared
-per-parameter distance d/P between client 0 and the others, and client 0's row of xi):
-
-    model (P)            lambda  round   d/P to clients 1, 2, 3        xi_0
-    mlp quickstart (15k)   0       10    1.5e-4  2.3e-5  1.8e-4       .70 .05 .20 .04
-                           1       20    1.3e-6  2.0e-7  1.2e-6       .26 .25 .25 .25
-                           0.1     20    3.8e-5  8.0e-6  3.2e-5       .42 .17 .23 .18
-    lenet pneumonia (75k)  0       10    9.1e-4  2.5e-4  9.2e-4       .98 .00 .02 .00
-                           1       20    7.0e-7  1.0e-6  7.0e-7       .26 .25 .25 .25
-                           0.1     20    3.0e-6  2.3e-6  4.9e-6       .28 .24 .24 .24
-
-``sigma = 1e-4`` per parameter sits on the scale of the distances that local training reaches
-in a few rounds (lambda = 0), so the kernel neither treats all neighbours alike nor zeroes
-them. How far apart the models stay is then set by lambda, not sigma: the proximal coefficient
-is at least ``lambda (N - 1) / (2 sigma)`` per parameter, so a smaller sigma also pulls the
-models closer together. With lambda = 1 the pull makes xi uniform (FedAMP becomes a soft FedAvg);
-with ``lambda = 0.1`` (the default) xi stays non-trivial and stable over rounds, and on the MLP
-gives the peer with the same expertise class (client 2) visibly more weight. Re-measure for a new model
-or optimiser: the test driver ``tests/drivers/baselines.py`` writes every rank's xi.
+**Defaults, measured, not guessed**: ``sigma = 1e-4`` per parameter and ``lambda = 0.1``, from the
+distances between clients' models and the xi they give; the measurements and the reasoning are in
+docs/fedamp-defaults.md (re-measure for a new model or optimiser: ``tests/drivers/baselines.py``
+writes every rank's xi).
 
 **Default alpha** (``auto``): ``alpha = sigma / N``, so that identical models (round 0: all
 clients start from the same initial model) give xi_ij = 1/N for every j, i.e. u_i is the plain
@@ -69,6 +54,7 @@ from typing import Literal, Union
 import numpy as np
 import torch
 
+from ..models import num_parameters
 from ..schema import ConfigError, spec
 from .base import Algorithm, Batch, Context, Payload
 from .aggregate import allgather_over_clients, assign, flatten
@@ -189,7 +175,7 @@ class FedAMPParams:
         0.1,
         ge=0.0,
         doc="weight of the proximal term (lambda / (2 alpha)) ||w - u_i||^2; "
-        "default measured, see mpicd/algorithms/fedamp.py",
+        "default measured, see docs/fedamp-defaults.md",
     )
     sigma: float = spec(
         1e-4,
@@ -262,7 +248,7 @@ class FedAMP(Algorithm):
 
     def __init__(self, params: FedAMPParams, ctx: Context):
         super().__init__(params, ctx)
-        self.num_parameters = sum(p.numel() for p in ctx.model.parameters())
+        self.num_parameters = num_parameters(ctx.model)
         self.alpha = alpha_per_parameter(params, ctx.size) * self.num_parameters  # the formula's alpha
         self.sigma = params.sigma * self.num_parameters  # the formula's sigma
         self.xi: np.ndarray | None = None  # this rank's row of xi, last round

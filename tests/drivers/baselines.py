@@ -32,12 +32,11 @@ from mpicd.client import Client
 from mpicd.plan import prepare
 from mpicd.runtime import abort_on_exception
 
+from driver_settings import IDENTICAL_ROUNDS, RUN_ROUNDS, STATS_ROUNDS
+
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 PNEUMONIA_CONFIG = ROOT / "configs" / "pneumoniamnist.yaml"
-STATS_ROUNDS = 3
-IDENTICAL_ROUNDS = 3
-RUN_ROUNDS = 2
 
 STATS_VARIANTS = {
     "fedavg": "{name: fedavg}",

@@ -24,9 +24,11 @@ from mpicd.config import load_config
 from mpicd.plan import prepare
 from mpicd.runtime import abort_on_exception
 
+from driver_settings import FEDAMP_RING_ROUNDS
+
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
-ROUNDS = 3
+ROUNDS = FEDAMP_RING_ROUNDS
 EXCHANGES = ("allgather", "ring")
 
 world = Comm()

@@ -29,10 +29,11 @@ from mpicd.client import Client
 from mpicd.config import load_config
 from mpicd.plan import prepare
 
+from driver_settings import FEDAVG_CLIENTS, FEDAVG_ROUNDS
+
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
-CLIENTS = 3
-ROUNDS = 3
+CLIENTS, ROUNDS = FEDAVG_CLIENTS, FEDAVG_ROUNDS
 
 out, mode, extra = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
 base = [f"clients={CLIENTS}", f"rounds={ROUNDS}", "data.skew_mode=authors"]

@@ -28,30 +28,19 @@ from mpicd.algorithms.fedavg import FedAvg
 from mpicd.algorithms.local import LocalOnly
 from mpicd.cli import main
 from mpicd.comm import Comm
-from mpicd.config import load_config
+from mpicd.config import inline, load_config
 from mpicd.ledger import KINDS
 from mpicd.loop import run
 from mpicd.plan import prepare
 from mpicd.runtime import abort_on_exception, place
 
+from driver_settings import PAYLOAD_VARIANTS
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "pneumoniamnist.yaml"
 BYTE_ROUNDS = 3
 PIXEL_ROUNDS = 2
-VARIANTS = {
-    "codistill": "{name: codistill}",
-    "codistill_batch": "{name: codistill, teacher_per: batch}",
-    "codistill_all": "{name: codistill, classes: all}",
-    "codistill_logits": "{name: codistill, share: logits}",
-    "local": "{name: local}",
-    "centralized": "{name: centralized}",
-    "fedavg": "{name: fedavg}",
-    "fedproto": "{name: fedproto}",
-    "fedproto_equal": "{name: fedproto, weighting: equal}",
-    "feddistill": "{name: feddistill}",
-    "fedamp": "{name: fedamp}",
-    "fedamp_ring": "{name: fedamp, exchange: ring}",
-}
+VARIANTS = {label: inline(section) for label, section in PAYLOAD_VARIANTS.items()}
 DISTINCTIVE = np.array(
     [128 * (1 + f) for f in (2**0.5 - 1, np.pi - 3, np.e - 2, (5**0.5 - 1) / 2)]
     + [-128 * (1 + f) for f in (3**0.5 - 1, np.log(2), 0.1234567, 0.7654321)],
