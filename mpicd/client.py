@@ -170,7 +170,9 @@ class Client:
                 features = model.features(x)
                 logits = model.head(features)
                 ce = F.cross_entropy(logits, y, weight=self.class_weights)
-                extra = algorithm.extra_loss(Batch(x, y, features, logits))
+                batch = Batch(x, y, features, logits)
+                algorithm.observe_batch(batch)  # always, whatever the loss term: the statistics it exchanges
+                extra = algorithm.extra_loss(batch)
                 loss = ce if extra is None else ce + extra
                 value = float(loss.detach())
                 if not math.isfinite(value):

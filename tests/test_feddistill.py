@@ -88,7 +88,8 @@ def test_regulariser_is_lambda_soft_target_cross_entropy_where_a_teacher_exists(
     algorithm, model = make(FedDistillParams(lambda_=0.5, exclude_self=True), other)
     x, y = torch.randn(6, 5), torch.tensor([0, 1, 2, 0, 1, 2])
     algorithm.before_epoch(0)
-    assert algorithm.extra_loss(batch(model, x, y)) is None  # round 0: no teacher yet
+    algorithm.observe_batch(first := batch(model, x, y))
+    assert algorithm.extra_loss(first) is None  # round 0: no teacher yet
     algorithm.after_epoch(0)
     np.testing.assert_array_equal(algorithm.has_teacher.numpy(), [True, True, False])
     b = batch(model, x, y)
@@ -106,6 +107,7 @@ def test_local_statistics_are_the_mean_logits_per_class():
     algorithm.before_epoch(0)
     x, y = torch.randn(6, 5), torch.tensor([0, 0, 2, 0, 2, 2])
     b = batch(model, x, y)
+    algorithm.observe_batch(b)
     algorithm.extra_loss(b)
     algorithm.after_epoch(0)
     means, flags = algorithm.local.split(algorithm.sent)

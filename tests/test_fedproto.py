@@ -125,6 +125,7 @@ def test_statistics_are_detached_training_features_of_the_epoch(weighting):
     algorithm.before_epoch(0)
     x, y = torch.randn(7, 5), torch.tensor([0, 1, 2, 0, 1, 2, 0])
     b = batch(model, x, y)
+    algorithm.observe_batch(b)
     algorithm.extra_loss(b)
     algorithm.after_epoch(0)
     rows, weights = algorithm.local.split(algorithm.sent)
@@ -211,3 +212,24 @@ def test_the_results_file_says_which_weighting_ran(baselines):
     # round 0 trains without prototypes, so both runs agree bit for bit; then the prototypes differ
     np.testing.assert_array_equal(samples.metrics["train_loss"][0], equal.metrics["train_loss"][0])
     assert not np.array_equal(samples.metrics["train_loss"][1:], equal.metrics["train_loss"][1:])
+
+
+@pytest.mark.parametrize("name", ["fedproto", "feddistill"])
+def test_the_client_shows_every_training_batch_to_the_statistics_at_lambda_0(name):
+    """The statistics come from observe_batch, which Client.local_epochs calls on every batch:
+    at lambda = 0 (no loss term) the counts are still those of every image of the local epochs."""
+    from types import SimpleNamespace
+
+    from mpicd.client import Client
+    from mpicd.config import load_config
+    from mpicd.plan import prepare
+
+    from conftest import QUICKSTART
+
+    plan = prepare(load_config(QUICKSTART, ["clients=2", "device=cpu", "train.local_epochs=2", f"algorithm={name}",
+                                            "algorithm.lambda=0"]))  # fmt: skip
+    client = Client(plan, SimpleNamespace(rank=1, size=2), "cpu")
+    client.algorithm.before_epoch(0)
+    client.local_epochs(0)
+    labels = client.train_y.numpy()
+    np.testing.assert_array_equal(client.algorithm.local.counts.numpy(), 2 * np.bincount(labels, minlength=2))

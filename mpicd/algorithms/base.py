@@ -1,8 +1,8 @@
 """The interface between the round loop and an algorithm: a few hooks, nothing else.
 
 The loop trains one local epoch per round and asks the algorithm three things: what to
-exchange before the epoch, what extra loss to add to a batch, what to exchange after the
-epoch. All communication goes through ``ctx.comm`` so the ledger sees every byte.
+exchange before the epoch, what extra loss to add to a batch (after showing it the batch), what
+to exchange after the epoch. All communication goes through ``ctx.comm`` so the ledger sees every byte.
 """
 
 from __future__ import annotations
@@ -217,6 +217,11 @@ class Algorithm:
         """Exchange what the coming epoch needs (co-distillation's representations): the hook of a
         rank holding this one client. An algorithm that communicates implements :meth:`before_round`
         and calls it with ``[self]`` here."""
+
+    def observe_batch(self, batch: Batch) -> None:
+        """Every training minibatch, before :meth:`extra_loss`: collect what the exchange needs (the
+        per-class statistics of FedProto and FedDistill). Called whatever extra_loss returns, so a
+        statistic never depends on the loss term being on."""
 
     def extra_loss(self, batch: Batch) -> torch.Tensor | None:
         """A term added to the batch's cross-entropy, or None."""

@@ -83,8 +83,10 @@ class FedDistill(Algorithm):
     def drop_update(self, round_index: int) -> None:
         self.local.reset()  # no class counts: the others' means, as if this client were absent
 
-    def extra_loss(self, batch: Batch) -> torch.Tensor | None:
+    def observe_batch(self, batch: Batch) -> None:
         self.local.add(batch.logits, batch.y)
+
+    def extra_loss(self, batch: Batch) -> torch.Tensor | None:
         if self.targets is None or self.params.lambda_ == 0.0:
             return None
         mask = self.has_teacher[batch.y]

@@ -91,8 +91,10 @@ class FedProto(Algorithm):
     def drop_update(self, round_index: int) -> None:
         self.local.reset()  # no class counts: the others' means, as if this client were absent
 
-    def extra_loss(self, batch: Batch) -> torch.Tensor | None:
+    def observe_batch(self, batch: Batch) -> None:
         self.local.add(batch.features, batch.y)
+
+    def extra_loss(self, batch: Batch) -> torch.Tensor | None:
         if self.prototypes is None or self.params.lambda_ == 0.0:
             return None
         mask = self.has_prototype[batch.y]
