@@ -8,7 +8,7 @@ results file's layout.
 from pathlib import Path
 
 from mpicd.algorithms import payload_table
-from mpicd.cli import config_tables
+from mpicd.config_text import config_tables
 from mpicd.results import layout_table
 
 SECTIONS = {

@@ -9,7 +9,9 @@ import sys
 import yaml
 
 from . import __version__
-from .config import Config, ConfigError, KeyDoc, describe, inline, load_config
+from .check import partition_table
+from .config import Config, ConfigError, load_config
+from .config_text import config_tables, default_config
 from .runner import EXIT_BAD_INPUT, run
 
 
@@ -288,64 +290,6 @@ def config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _algorithm_rows(name: str) -> list[KeyDoc]:
-    """The ``algorithm`` section with ``name`` chosen: the name, then that algorithm's own keys."""
-    from .algorithms import REGISTRY
-
-    return [
-        KeyDoc(
-            "algorithm.name", name, " | ".join(REGISTRY), "the method; algorithm=NAME selects one with its defaults"
-        ),
-        *describe(REGISTRY[name].Params, "algorithm."),
-    ]
-
-
-def default_config(name: str) -> str:
-    """The default config with algorithm ``name`` as YAML, each key commented with its allowed values and doc."""
-    from .algorithms import REGISTRY
-
-    rows = describe(Config) + _algorithm_rows(name)
-    lines = [
-        f"# mpicd {__version__}: the default configuration (algorithm {name}); after each key: allowed "
-        "values; meaning.",
-        f"# Another algorithm's keys: mpicd config --algorithm NAME, NAME one of {', '.join(REGISTRY)}.",
-        "# On the command line: dotted key=value overrides, e.g. train.lr=1e-3 or algorithm=fedavg.",
-    ]
-    entries, section = [], ""
-    for row in rows:
-        head, _, leaf = row.key.rpartition(".")
-        if head != section:
-            if head:  # a top-level key after a section needs no header
-                entries.append((f"{head}:", ""))
-            section = head
-        comment = f"{row.allowed}; {row.doc}" if row.doc else row.allowed
-        entries.append((f"{'  ' if head else ''}{leaf}: {inline(row.default)}", comment))
-    width = max(len(text) for text, _ in entries) + 2
-    lines += [f"{text:<{width}}# {comment}" if comment else text for text, comment in entries]
-    return "\n".join(lines)
-
-
-def config_tables() -> str:
-    """The README's configuration tables (``mpicd config --markdown``): every key, then every algorithm's keys."""
-    from .algorithms import REGISTRY
-
-    def row(*cells: str) -> str:
-        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
-
-    def described(key: str, r: KeyDoc) -> str:
-        return row(key, f"`{inline(r.default)}`", r.allowed, r.doc)
-
-    lines = [row("key", "default", "allowed values", "meaning"), row(*["---"] * 4)]
-    lines += [described(f"`{r.key}`", r) for r in describe(Config) + _algorithm_rows(Config().algorithm["name"])[:1]]
-    lines += ["", row("`algorithm.name`", "key", "default", "allowed values", "meaning"), row(*["---"] * 5)]
-    for name, cls in REGISTRY.items():
-        keys = describe(cls.Params)
-        lines += [row(f"`{name}`", f"`{r.key}`", f"`{inline(r.default)}`", r.allowed, r.doc) for r in keys] or [
-            row(f"`{name}`", "–", "", "", "no keys of its own")
-        ]
-    return "\n".join(lines)
-
-
 def report(args: argparse.Namespace) -> int:
     from . import report as rep
 
@@ -435,57 +379,3 @@ def _sweep_answer(args: argparse.Namespace, runs: list, chosen: int | None) -> i
                 f"{' '.join(r.overrides)}"
             )
     return 0
-
-
-def batch_layout(n: int, batch_size: int) -> str:
-    """Minibatch sizes of one local epoch over ``n`` images, e.g. ``4x32 + 1x33``."""
-    from .client import batch_bounds
-
-    sizes = [stop - start for start, stop in batch_bounds(n, batch_size)]
-    runs: list[list[int]] = []
-    for size in sizes:
-        if runs and runs[-1][1] == size:
-            runs[-1][0] += 1
-        else:
-            runs.append([1, size])
-    return " + ".join(f"{count}x{size}" for count, size in runs) or "0"
-
-
-def partition_table(plan) -> str:
-    """Per client: expertise class, training images per class, held-out images per class, batches,
-    and the optimizer steps of the whole run (a run of a few dozen steps cannot be expected to learn)."""
-    names = plan.dataset.class_names
-    test_counts = [int((plan.dataset.test.y == c).sum()) for c in range(plan.dataset.num_classes)]
-    union = plan.algorithm_cls.trains_on_union
-    from .client import batch_bounds
-
-    cfg = plan.config
-    header = ["client", "expertise"] + [f"train:{n}" for n in names] + [f"test:{n}" for n in names]
-    header += ["batches/epoch", "optimizer steps"]
-    sizes = [
-        int(plan.partition.train_counts.sum() if union else plan.partition.train_counts[i].sum())
-        for i in range(cfg.clients)
-    ]
-    rows = [
-        [str(i), names[int(plan.partition.expertise[i])]]
-        + [str(int(v)) for v in plan.partition.train_counts[i]]
-        + [str(v) for v in test_counts]
-        + [
-            batch_layout(sizes[i], cfg.train.batch_size),
-            f"{len(batch_bounds(sizes[i], cfg.train.batch_size)) * cfg.train.local_epochs * cfg.rounds:,d}",
-        ]
-        for i in range(cfg.clients)
-    ]
-    widths = [max(len(r[j]) for r in [header, *rows]) for j in range(len(header))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in [header, *rows]]
-    if plan.dataset.label_map is not None:
-        lines.append(f"labels mapped (data.label_map): {plan.dataset.label_map_text}")
-    lines.append(f"held-out set: {plan.dataset.eval_split}; no client trains on it")
-    if getattr(plan.dataset, "val_split", None):
-        lines.append(f"validation set: {plan.dataset.val_split}; no client trains on it")
-    lines.append("a trailing minibatch of one image is merged into the one before it")
-    lines.append(
-        f"optimizer steps: batches per epoch x {cfg.train.local_epochs} local epoch(s) x {cfg.rounds} rounds, "
-        "for the whole run"
-    )
-    return "\n".join(lines)

@@ -4,7 +4,7 @@ the loader validates against, and they name every key the loader accepts."""
 import re
 
 from mpicd.algorithms import REGISTRY
-from mpicd.cli import config_tables
+from mpicd.config_text import config_tables
 from mpicd.config import Config, to_mapping
 
 from conftest import ROOT
