@@ -51,6 +51,8 @@ VARIANTS = {
     "feddistill": "{name: feddistill}",
     "fedamp": "{name: fedamp}",
     "fedamp_ring": "{name: fedamp, exchange: ring}",
+    "fedavg_exact": "{name: fedavg, reduction: exact}",
+    "fedproto_exact": "{name: fedproto, reduction: exact}",
 }
 DISTINCTIVE = np.array(
     [128 * (1 + f) for f in (2**0.5 - 1, np.pi - 3, np.e - 2, (5**0.5 - 1) / 2)]
