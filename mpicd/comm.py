@@ -221,6 +221,39 @@ class Comm:
             self.ledger.record_client(c, "allreduce", contributions[c].nbytes, result.nbytes, share)
         return result
 
+    def allreduce_sum_exact(
+        self, contributions: dict[int, np.ndarray], template: np.ndarray, clients: int, per_client: bool = True
+    ) -> np.ndarray:
+        """The sum over every client of every rank, the same bits whatever the layout and whatever
+        order MPI reduces in (``reduction: exact``). Float addition is not associative, so a
+        float32 Allreduce depends on the ranks and on MPI's reduction tree; integer addition is.
+        One Allreduce(MAX) of one float64 gives every rank the largest magnitude m (a maximum is
+        exact in any order); every client rounds its float32 values to int64 multiples of the same
+        power of two, 2^(e - 62 + b) with m < 2^e and 2^b >= 2 ``clients`` (so no sum of up to
+        ``clients`` of them overflows, and the quantum is below m 2^-(61 - b): finer than float32's
+        2^-24 relative to m); the rank adds its clients' integers, one Allreduce(SUM) of int64 adds
+        the ranks', and the sum is scaled back to float32. Bytes: 8 for the maximum plus 8 per
+        value, sent and received by each client (``per_client``: recorded in the ledger's client
+        rows too, as :meth:`allreduce_sum_clients` does)."""
+        clients_here = sorted(contributions)
+        self._check_finite("allreduce", [contributions[c] for c in clients_here])
+        biggest = max((float(np.abs(contributions[c]).max(initial=0.0)) for c in clients_here), default=0.0)
+        start = time.perf_counter()
+        m = float(self._allreduce(np.array([biggest], dtype=np.float64), MPI.MAX)[0])
+        headroom = max(int(clients) - 1, 1).bit_length() + 1
+        exponent = np.frexp(m)[1] if m > 0 else 0
+        scale = np.ldexp(1.0, 62 - headroom - int(exponent))  # a power of two: x * scale is exact in float64
+        total = np.zeros(template.shape, dtype=np.int64)
+        for c in clients_here:
+            total += np.rint(contributions[c].astype(np.float64) * scale).astype(np.int64)
+        summed = self.allreduce_sum(total)
+        result = (summed.astype(np.float64) / scale).astype(template.dtype)
+        if per_client:
+            share = (time.perf_counter() - start) / max(len(clients_here), 1)
+            for c in clients_here:
+                self.ledger.record_client(c, "allreduce", 8 + total.nbytes, 8 + summed.nbytes, share)
+        return result
+
     def allgather_clients(self, blocks: dict[int, np.ndarray], owner: np.ndarray) -> np.ndarray:
         """Every client's block, stacked in client order (clients, *shape); ``owner[i]``: client
         i's rank (mpicd.layout), ``blocks``: this rank's clients' blocks, all of one shape and dtype.

@@ -44,7 +44,15 @@ class Counter:
 
     def __init__(self, comm: Comm):
         self.ledger = comm.ledger
-        self.win = MPI.Win.Allocate(8 * 4 if comm.rank == 0 else 0, 8, comm=comm.mpi)
+        try:
+            self.win = MPI.Win.Allocate(8 * 4 if comm.rank == 0 else 0, 8, comm=comm.mpi)
+        except MPI.Exception as err:
+            raise RuntimeError(
+                f"mpicd pack: MPI could not create the one-sided window of the shared run counter "
+                f"({err.Get_error_string()}). Across nodes over TCP, Open MPI 4.1 has no one-sided "
+                f"component by default (osc/rdma needs an RDMA network, osc/pt2pt refuses these "
+                f"windows): export OMPI_MCA_osc=sm,ucx before launching, or run pack within one node"
+            ) from err
         if comm.rank == 0:
             np.frombuffer(self.win.tomemory(), dtype=np.int64)[:] = 0
         comm.mpi.Barrier()  # the counter is zeroed before anyone fetches (a barrier moves no payload)

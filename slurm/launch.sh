@@ -76,7 +76,7 @@ launch() {
   if [ "$rc" = "$MPICD_STOPPED" ]; then
     if [ -n "${SLURM_JOB_ID:-}" ]; then
       echo "mpicd: the ranks checkpointed and stopped; requeueing job $SLURM_JOB_ID to resume" >&2
-      scontrol requeue "$SLURM_JOB_ID"
+      _mpicd_requeue "$SLURM_JOB_ID" || return "$rc"
     else
       echo "mpicd: the ranks checkpointed and stopped; run the same command again to resume" >&2
     fi
@@ -98,6 +98,17 @@ launch() {
          "must support it too), or Open MPI's mpirun inside the allocation: MPICD_LAUNCHER=mpirun." >&2
   fi
   return "$rc"
+}
+
+_mpicd_requeue() {  # a busy slurmctld may time out a request: try again before giving up
+  local try
+  for try in 1 2 3 4 5; do
+    if scontrol requeue "$1"; then return 0; fi
+    echo "mpicd: scontrol requeue $1 failed (try $try of 5); trying again in $((try * 2)) s" >&2
+    sleep $((try * 2))
+  done
+  echo "mpicd: could not requeue job $1: the checkpoint is kept; submit the same job again to resume" >&2
+  return 1
 }
 
 _mpicd_forward() {

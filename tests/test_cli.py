@@ -100,7 +100,10 @@ def test_config_of_another_algorithm():
         "exchange": "allgather",
     }
     assert "# number in [0, 1]; cosine only: xi_ii" in result.stdout
-    assert yaml.safe_load(mpicd_cli("config", "--algorithm", "fedavg").stdout)["algorithm"] == {"name": "fedavg"}
+    assert yaml.safe_load(mpicd_cli("config", "--algorithm", "fedavg").stdout)["algorithm"] == {
+        "name": "fedavg",
+        "reduction": "mpi",
+    }
     wrong = mpicd_cli("config", "--algorithm", "fedsgd")
     assert wrong.returncode == 2 and "codistill, local, fedavg" in wrong.stderr and "fedsgd" in wrong.stderr
 

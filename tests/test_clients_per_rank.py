@@ -4,11 +4,12 @@ results file, for every algorithm, and a checkpoint of one layout resumes on ano
 Same file: every dataset and attribute but timings, placement (``/placement``, the attrs ``ranks``
 and ``client_rank``), what crossed MPI per rank (``/comm/bytes_mpi_*``, checked against its declaration
 instead) and the bytes outside rounds (start-up agreement: it grows with the ranks). The three
-algorithms that sum their clients' contributions (fedavg, fedproto, feddistill) agree to float32
-rounding only: a rank adds its clients' float32 vectors before the Allreduce, so the additions
-happen in another order than MPI's over N ranks (float addition is not associative), and no
-layout-independent order exists for a float32 Allreduce at the same bytes. Everything else in
-their files (teachers, bytes, counts) is equal bit for bit.
+algorithms that sum their clients' contributions (fedavg, fedproto, feddistill) run with
+``reduction: exact`` (integer sums) and are equal bit for bit like the rest. With ``reduction: mpi``
+(the float32 Allreduce, ``fedavg_mpi``) the file agrees to float32 rounding only: a rank adds its
+clients' float32 vectors before the Allreduce, so the additions happen in another order than MPI's
+over N ranks (float addition is not associative); everything else in it (teachers, bytes, counts)
+is equal bit for bit.
 """
 
 import h5py
@@ -26,8 +27,8 @@ from conftest import DRIVERS, QUICKSTART, is_timing, mpiexec
 
 LAYOUTS = (1, 2, 3, 6)
 ROUNDS = 2
-SUMMING = {"fedavg", "fedproto", "feddistill", "fedavg_half"}
-VARIANTS = [*REGISTRY, "codistill_all", "local_half", "fedavg_half", "codistill_half"]
+ROUNDING = {"fedavg_mpi"}  # reduction: mpi (float32 Allreduce)
+VARIANTS = [*REGISTRY, "codistill_all", "local_half", "fedavg_half", "codistill_half", "fedavg_mpi"]
 NOT_COMPARED_ATTRS = {"startup_seconds", "run_id", "ranks", "client_rank", "resumed_at", "config"}
 
 
@@ -81,8 +82,8 @@ def test_the_same_file_on_every_layout(layouts, variant):
     assert reference["metrics/train_loss"].shape == (ROUNDS, 6)
     for ranks in (1, 2, 3):
         other = compared(layouts[ranks] / f"{variant}.h5")
-        assert differences(reference, other, rounding=variant in SUMMING) == [], (variant, ranks)
-    if variant in SUMMING:  # the non-float datasets are equal bit for bit all the same
+        assert differences(reference, other, rounding=variant in ROUNDING) == [], (variant, ranks)
+    if variant in ROUNDING:  # the non-float datasets are equal bit for bit all the same
         other = compared(layouts[2] / f"{variant}.h5")
         assert [k for k in differences(reference, other) if reference[k].dtype.kind == "f"] == differences(
             reference, other

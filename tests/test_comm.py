@@ -17,3 +17,10 @@ def test_short_message_is_an_error_not_a_silent_short_buffer():
     result = mpiexec(2, str(DRIVERS / "comm_ledger.py"), "short", timeout=120)
     assert result.returncode != 0
     assert "expected 40 bytes from rank 0" in result.stderr and "received 36" in result.stderr
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_the_exact_sum_is_the_same_bits_on_every_layout_and_the_rounded_exact_sum(ranks):
+    result = mpiexec(ranks, str(DRIVERS / "exact_sum.py"), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert all(result.stdout.count(f"rank {r} ok") == 1 for r in range(ranks)), result.stdout

@@ -138,7 +138,11 @@ def job_detail(cluster, job: str, log: Path):
     def detail() -> str:
         text = log.read_text() if log.is_file() else "(no log)"
         shown = cluster.run("scontrol", "show", "job", job).stdout
-        return f"{text}\n--- scontrol show job\n{shown}\n--- sinfo -R\n{cluster.run('sinfo', '-R').stdout}"
+        logs = "".join(
+            f"\n--- {p.name} (last 40 lines)\n" + "\n".join(p.read_text(errors="replace").splitlines()[-40:])
+            for p in sorted(cluster.root.glob("slurm*.log"))
+        )
+        return f"{text}\n--- scontrol show job\n{shown}\n--- sinfo -R\n{cluster.run('sinfo', '-R').stdout}{logs}"
 
     return detail
 

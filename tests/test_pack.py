@@ -108,3 +108,13 @@ def test_too_few_ranks_is_refused(sweep):
     result = mpiexec(1, "-m", "mpicd", "pack", str(sweep), timeout=120)
     assert result.returncode == 2
     assert "each run needs 2 ranks" in result.stderr
+
+
+def test_no_one_sided_window_is_one_error_that_names_the_fix(sweep):
+    """Where MPI cannot make the run counter's window (Open MPI across nodes over TCP; here osc/pt2pt,
+    which refuses windows under MPI_THREAD_MULTIPLE, stands in for it), pack says what to export."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMPI_MCA_osc", "pt2pt")
+        result = mpiexec(2, "-m", "mpicd", "pack", str(sweep), timeout=120)
+    assert result.returncode != 0
+    assert "MPI_ERR_WIN" in result.stderr and "export OMPI_MCA_osc=sm,ucx" in result.stderr, result.stderr[-2000:]

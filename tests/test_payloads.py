@@ -81,6 +81,11 @@ def test_hand_derived_sizes_are_the_models():
         ("fedproto", {"weighting": "equal"}, 0, only("allreduce", 1608, 1608)),
         ("feddistill", {}, 0, only("allreduce", 24, 24)),  # 4 * 2 * 3
         ("feddistill", {"exclude_self": False}, 0, only("allreduce", 24, 24)),
+        # reduction: exact: one float64 maximum, then every value as int64
+        ("fedavg", {"reduction": "exact"}, 0, only("allreduce", 356_608, 356_608)),  # 8 + 8 (44,574 + 1)
+        ("fedproto", {"reduction": "exact"}, 0, only("allreduce", 3224, 3224)),  # 8 + 8 * 2 * 201
+        ("fedproto", {"weighting": "equal", "reduction": "exact"}, 0, only("allreduce", 3224, 3224)),
+        ("feddistill", {"reduction": "exact"}, 0, only("allreduce", 56, 56)),  # 8 + 8 * 2 * 3
         ("fedamp", {}, 0, only("allgather", 178_296, 713_184)),  # 4 P; 4 * 4 P
         ("fedamp", {"similarity": "cosine"}, 0, only("allgather", 178_296, 713_184)),
         ("fedamp", {"exchange": "ring"}, 0, only("p2p", 534_888, 534_888)),  # 3 steps of 4 P

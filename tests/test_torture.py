@@ -12,7 +12,7 @@ import sys
 
 from conftest import ROOT, mpi_env
 
-KILLS = int(os.environ.get("MPICD_TORTURE", "6"))
+KILLS = int(os.environ.get("MPICD_TORTURE", "4"))
 SUMMARY = re.compile(
     r"^torture: (\d+) kills \(job (\d+), rank (\d+), in_write (\d+), in_checkpoint (\d+);.*\), "
     r"(\d+) cycles completed, .* (\d+) failures, ",

@@ -9,21 +9,32 @@ sum to 1. All ranks divide the same reduced vector the same way, so they end the
 bit-identical models (MPI recommends, and Open MPI and MPICH deliver, the same reduced vector on
 every rank; the tests check the bits at 2, 4 and 6 ranks). Bytes per round per rank (``payloads``):
 ``4 (P + B + 1)`` sent and received (kind ``allreduce``), B = floating buffer elements (0 for
-lenet, fedavgcnn and mlp; BatchNorm statistics for resnet18).
+lenet, fedavgcnn and mlp; BatchNorm statistics for resnet18); ``reduction: exact`` (the same
+file on every layout of clients on ranks, mpicd.comm.Comm.allreduce_sum_exact): ``8 + 8 (P + B + 1)``.
 
 The optimizer's state (Adam's moments) stays on each client, as in FedAvg with local optimizers.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import numpy as np
 
-from .aggregate import allreduce_over_clients, assign, averaged_tensors, flatten
+from ..schema import spec
+from .aggregate import REDUCTION_DOC, allreduce_over_clients, assign, averaged_tensors, flatten
 from .base import Algorithm, Payload
+
+
+@dataclass
+class FedAvgParams:
+    reduction: Literal["mpi", "exact"] = spec("mpi", doc=REDUCTION_DOC)
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
+    Params = FedAvgParams
     payloads = (
         Payload(
             "allreduce",
@@ -32,6 +43,16 @@ class FedAvg(Algorithm):
             "(P + B + 1,)",
             sent="4*(P+B+1)",
             recv="4*(P+B+1)",
+            when=(("reduction", "mpi"),),
+        ),
+        Payload(
+            "allreduce",
+            "the largest magnitude (float64), then [n_i theta_i ; n_i] as int64 multiples of one "
+            "power of two (reduction: exact)",
+            "(1,) + (P + B + 1,)",
+            sent="8+8*(P+B+1)",
+            recv="8+8*(P+B+1)",
+            when=(("reduction", "exact"),),
         ),
     )
 
@@ -56,7 +77,7 @@ class FedAvg(Algorithm):
         every client takes the average (mpicd.participation)."""
         mine = {m.ctx.rank: m.payload() for m in members if m.ctx.participating}
         template = mine[min(mine)] if mine else members[0].payload()
-        total = allreduce_over_clients(members[0].ctx, mine, template)
+        total = allreduce_over_clients(members[0].ctx, mine, template, members[0].params.reduction)
         for m in members:
             m.dropped = False
             if total[-1] > 0:  # 0: every client's update was dropped; each keeps its own model

@@ -17,12 +17,14 @@ has a teacher t.
   rank's own mean included.
 
 Bytes per round per rank (``payloads``): ``4 C (C + 1)`` sent and received (kind ``allreduce``),
-either way.
+either way; ``reduction: exact`` (the same file on every layout, mpicd.comm.Comm.allreduce_sum_exact):
+``8 + 8 C (C + 1)``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -30,7 +32,7 @@ import torch.nn.functional as F
 
 from ..schema import spec
 from .base import Algorithm, Batch, Context, Payload
-from .aggregate import PerClassMeans, allreduce_over_clients, mean_over_clients
+from .aggregate import REDUCTION_DOC, PerClassMeans, allreduce_over_clients, mean_over_clients
 
 
 def teacher_logits(
@@ -53,6 +55,7 @@ class FedDistillParams:
         doc="true: the teacher is the other clients' mean (Jeong et al.); "
         "false: all clients' mean, this one's included (common code)",
     )
+    reduction: Literal["mpi", "exact"] = spec("mpi", doc=REDUCTION_DOC)
 
 
 class FedDistill(Algorithm):
@@ -65,6 +68,16 @@ class FedDistill(Algorithm):
             "(C C + C,)",
             sent="4*C*(C+1)",
             recv="4*C*(C+1)",
+            when=(("reduction", "mpi"),),
+        ),
+        Payload(
+            "allreduce",
+            "the largest magnitude (float64), then [per-class mean logits ; 1 for each class it has] "
+            "as int64 (reduction: exact)",
+            "(1,) + (C C + C,)",
+            sent="8+8*C*(C+1)",
+            recv="8+8*C*(C+1)",
+            when=(("reduction", "exact"),),
         ),
     )
     carried = ("targets", "has_teacher")
@@ -105,7 +118,10 @@ class FedDistill(Algorithm):
         for m in members:
             m.sent = m.local.payload()
         received = allreduce_over_clients(
-            members_all[0].ctx, {m.ctx.rank: m.sent for m in members}, members_all[0].local.payload()
+            members_all[0].ctx,
+            {m.ctx.rank: m.sent for m in members},
+            members_all[0].local.payload(),
+            members_all[0].params.reduction,
         )
         for m in members:
             m.received = received

@@ -21,7 +21,8 @@ client had has no prototype. From the next round on the batch loss is
 (mean over those samples and the D coordinates). Models are never averaged.
 
 Bytes per round per rank (``payloads``): ``4 C (D + 1)`` sent and received (kind ``allreduce``),
-either way.
+either way; ``reduction: exact`` (the same file on every layout, mpicd.comm.Comm.allreduce_sum_exact):
+``8 + 8 C (D + 1)``.
 
 Prediction uses the client's own head by default; ``predict: nearest_prototype`` classifies by
 the nearest global prototype in squared Euclidean distance (what the reference code does).
@@ -37,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ..schema import spec
-from .aggregate import PerClassMeans, allreduce_over_clients, mean_over_clients
+from .aggregate import REDUCTION_DOC, PerClassMeans, allreduce_over_clients, mean_over_clients
 from .base import Algorithm, Batch, Context, Payload
 
 
@@ -52,28 +53,27 @@ class FedProtoParams:
     predict: Literal["head", "nearest_prototype"] = spec(
         "head", doc="head: the client's own classifier; nearest_prototype: the nearest global prototype"
     )
+    reduction: Literal["mpi", "exact"] = spec("mpi", doc=REDUCTION_DOC)
 
 
 class FedProto(Algorithm):
     name = "fedproto"
     Params = FedProtoParams
-    payloads = (
+    payloads = tuple(
         Payload(
             "allreduce",
-            "[per-class sums of its training-mode features ; per-class sample counts]",
-            "(C D + C,)",
-            sent="4*C*(D+1)",
-            recv="4*C*(D+1)",
-            when=(("weighting", "samples"),),
-        ),
-        Payload(
-            "allreduce",
-            "[per-class mean training-mode features ; 1 for each class it has]",
-            "(C D + C,)",
-            sent="4*C*(D+1)",
-            recv="4*C*(D+1)",
-            when=(("weighting", "equal"),),
-        ),
+            what
+            + ("" if reduction == "mpi" else ", after the largest magnitude (float64), as int64 (reduction: exact)"),
+            "(C D + C,)" if reduction == "mpi" else "(1,) + (C D + C,)",
+            sent="4*C*(D+1)" if reduction == "mpi" else "8+8*C*(D+1)",
+            recv="4*C*(D+1)" if reduction == "mpi" else "8+8*C*(D+1)",
+            when=(("weighting", weighting), ("reduction", reduction)),
+        )
+        for weighting, what in (
+            ("samples", "[per-class sums of its training-mode features ; per-class sample counts]"),
+            ("equal", "[per-class mean training-mode features ; 1 for each class it has]"),
+        )
+        for reduction in ("mpi", "exact")
     )
     carried = ("prototypes", "has_prototype")
 
@@ -113,7 +113,10 @@ class FedProto(Algorithm):
         for m in members:
             m.sent = m.local.payload(weighted=m.params.weighting == "samples")
         received = allreduce_over_clients(
-            members_all[0].ctx, {m.ctx.rank: m.sent for m in members}, members_all[0].local.payload()
+            members_all[0].ctx,
+            {m.ctx.rank: m.sent for m in members},
+            members_all[0].local.payload(),
+            members_all[0].params.reduction,
         )
         for m in members:
             m.received = received

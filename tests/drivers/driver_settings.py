@@ -31,4 +31,6 @@ PAYLOAD_VARIANTS = {
     "feddistill": {"name": "feddistill"},
     "fedamp": {"name": "fedamp"},
     "fedamp_ring": {"name": "fedamp", "exchange": "ring"},
+    "fedavg_exact": {"name": "fedavg", "reduction": "exact"},
+    "fedproto_exact": {"name": "fedproto", "reduction": "exact"},
 }

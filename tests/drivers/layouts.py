@@ -10,10 +10,16 @@ from mpicd.cli import main
 
 # Every registered algorithm, co-distillation's Allgather variant (the default sends p2p), and
 # three with half the clients taking part in each round.
-VARIANTS = {name: [f"algorithm={{name: {name}}}"] for name in REGISTRY}
+# The three that sum their clients' contributions with reduction: exact (the same bits on every
+# layout), and FedAvg also with today's float32 Allreduce (reduction: mpi).
+SUMMING = ("fedavg", "fedproto", "feddistill")
+VARIANTS = {
+    name: [f"algorithm={{name: {name}" + (", reduction: exact}" if name in SUMMING else "}")] for name in REGISTRY
+}
 VARIANTS["codistill_all"] = ["algorithm={name: codistill, classes: all, share: logits}"]
 for name in ("local", "fedavg", "codistill"):
-    VARIANTS[f"{name}_half"] = [f"algorithm={{name: {name}}}", "participation=0.5"]
+    VARIANTS[f"{name}_half"] = [*VARIANTS[name], "participation=0.5"]
+VARIANTS["fedavg_mpi"] = ["algorithm={name: fedavg, reduction: mpi}"]
 
 if __name__ == "__main__":
     out, rounds, extra = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
