@@ -20,6 +20,7 @@ from . import diagnostics, metrics, optim, seeds
 from .algorithms import Batch, Context
 from .models import build_model
 from .plan import Plan
+from .privacy.budget import Budget
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class Client:
                 train_y=self.train_y,
                 client=rank,
                 owner=None if owner is None else np.asarray(owner),
+                privacy=None if plan.privacy is None else Budget(plan.privacy, cfg.seed, rank),
             ),
         )
 

@@ -27,6 +27,7 @@ class Plan:
     algorithm_params: object
     num_parameters: int  # P of the model every client builds (sizes the checkpoints before training)
     shared: object = None  # nodeshare.SharedMemory under the dataset's arrays (None: a private load)
+    privacy: object = None  # mpicd.privacy.budget.Settings (None: privacy off)
 
     @property
     def resolved_config(self) -> dict:
@@ -68,6 +69,7 @@ def prepare(config: Config, comm=None) -> Plan:
             config.data.images_per_client,
         )
         algorithm_cls.check(params, partition.train_counts, partition.expertise)
+        privacy = private_settings(config, algorithm_cls, params)
         parameters = num_parameters(
             build_model(
                 config.model.name,
@@ -81,4 +83,18 @@ def prepare(config: Config, comm=None) -> Plan:
         if shared is not None:  # the same data and config: every rank of the node fails here alike
             shared.free()
         raise
-    return Plan(config, dataset, partition, algorithm_cls, params, parameters, shared)
+    return Plan(config, dataset, partition, algorithm_cls, params, parameters, shared, privacy)
+
+
+def private_settings(config: Config, algorithm_cls: type[Algorithm], params):
+    """The ``privacy`` section resolved (mpicd.privacy.budget.Settings; sigma derived from the budget
+    over ``rounds`` releases if not given), None when it is off; ConfigError for what has no private path."""
+    if config.privacy is None:
+        return None
+    from .privacy.budget import settings
+
+    algorithm_cls.check_private(params)
+    try:
+        return settings(config.privacy, config.rounds)
+    except ValueError as err:
+        raise ConfigError("privacy.epsilon", str(err).removeprefix("privacy: ")) from None

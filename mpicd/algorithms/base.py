@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import torch
 
+from ..config import ConfigError
 from ..ledger import KINDS
 from ..models import FeatureHeadModel
 
 if TYPE_CHECKING:  # the comm layer imports MPI; `mpicd check` must work without it
     from ..comm import Comm
+    from ..privacy.budget import Budget
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Context:
     client: int | None = None  # this client's index (None: the MPI rank)
     owner: np.ndarray | None = None  # (clients,) the rank of every client (None: client i on rank i)
     participants: np.ndarray | None = None  # the round's participating clients (None: all; mpicd.participation)
+    privacy: "Budget | None" = None  # this client's privacy budget (mpicd.privacy.budget; None: privacy off)
 
     @property
     def participating(self) -> bool:
@@ -182,6 +185,12 @@ class Algorithm:
     @classmethod
     def check(cls, params, train_counts: np.ndarray, expertise: np.ndarray) -> None:
         """Reject hyper-parameters the partition cannot satisfy (ConfigError), before training."""
+
+    @classmethod
+    def check_private(cls, params) -> None:
+        """Reject a ``privacy`` section (ConfigError) unless these options have a private path:
+        every value that leaves a rank clipped and noised (mpicd.privacy). Default: none."""
+        raise ConfigError("privacy", f"algorithm {cls.name} has no private path (privacy: null, or another algorithm)")
 
     @classmethod
     def payload_for(cls, params) -> Payload | None:
