@@ -86,8 +86,8 @@ def privacy_attrs(plan: Plan) -> dict:
     s = plan.privacy
     return {
         "privacy_noise_multiplier": s.sigma,
-        "privacy_release_multiplier": s.multiplier,
-        "privacy_sample_rate": s.q,
+        "privacy_release_multiplier": s.sigma if plan.algorithm_cls.dpsgd else s.multiplier,
+        "privacy_sample_rate": "1 / ceil(n / train.batch_size) (DP-SGD)" if plan.algorithm_cls.dpsgd else s.q,
         "privacy_clip": s.clip,
         "privacy_delta": s.delta,
         "privacy_accountant": "dp-accounting PLD, Poisson-subsampled Gaussian, add/remove-one, per client",

@@ -94,7 +94,26 @@ def private_settings(config: Config, algorithm_cls: type[Algorithm], params):
     from .privacy.budget import settings
 
     algorithm_cls.check_private(params)
+    if algorithm_cls.dpsgd:
+        check_dpsgd(config)
     try:
         return settings(config.privacy, config.rounds)
     except ValueError as err:
         raise ConfigError("privacy.epsilon", str(err).removeprefix("privacy: ")) from None
+
+
+def check_dpsgd(config: Config) -> None:
+    """What DP-SGD's local training (Opacus, mpicd.client) needs of the rest of the config."""
+    refused = {
+        "privacy.noise_multiplier": (config.privacy.noise_multiplier is None, "needs a value for DP-SGD (the steps "
+                                     "per round differ per client: no sigma is derived from the budget)"),
+        "privacy.sample_rate": (config.privacy.sample_rate != 1.0, "must stay 1 for DP-SGD: batches are Poisson-"
+                                "sampled at q = 1 / ceil(n / train.batch_size)"),
+        "train.loss": (config.train.loss != "ce", "must be ce for DP-SGD (a weighted mean is not per sample)"),
+        "train.optimizer_state": (config.train.optimizer_state != "keep", "must be keep for DP-SGD"),
+        "model.name": (config.model.name == "resnet18", "resnet18's BatchNorm mixes samples: DP-SGD needs "
+                       "lenet, fedavgcnn or mlp"),
+    }  # fmt: skip
+    for key, (bad, why) in refused.items():
+        if bad:
+            raise ConfigError(key, why)

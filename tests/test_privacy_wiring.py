@@ -62,7 +62,13 @@ def test_privacy_is_off_by_default_and_absent_from_the_resolved_config():
         (["privacy={noise_multiplier: 1, clip: 0}"], "privacy.clip"),
         (["privacy={noise_multiplier: 1, sample_rate: 1.5}"], "privacy.sample_rate"),
         (["privacy={noise_multiplier: 1, counts: maybe}"], "privacy.counts"),
-        (["privacy={noise_multiplier: 1}", "algorithm={name: fedavg}"], "privacy"),
+        (["privacy={epsilon: 4}", "algorithm={name: fedavg}"], "privacy.noise_multiplier"),
+        (["privacy={noise_multiplier: 1, sample_rate: 0.5}", "algorithm={name: fedavg}"], "privacy.sample_rate"),
+        (["privacy={noise_multiplier: 1}", "algorithm={name: fedavg}", "train.loss=balanced"], "train.loss"),
+        (
+            ["privacy={noise_multiplier: 1}", "algorithm={name: fedavg}", "train.optimizer_state=reset"],
+            "train.optimizer_state",
+        ),
         (["privacy={noise_multiplier: 1}", "algorithm={name: fedamp}"], "privacy"),
         (["privacy={noise_multiplier: 1}", "algorithm={name: centralized}"], "privacy"),
         (["privacy={noise_multiplier: 1}", "algorithm={name: codistill, k: 5}"], "algorithm.k"),
@@ -210,6 +216,47 @@ def test_resume_with_privacy_equals_the_uninterrupted_run(private_run, tmp_path)
         if not name.endswith("_seconds"):
             np.testing.assert_array_equal(a.metrics[name], b.metrics[name], err_msg=name)
     np.testing.assert_array_equal(a.bytes_sent_by_kind, b.bytes_sent_by_kind)
+
+
+@pytest.fixture(scope="module")
+def dpsgd_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dpsgd") / "run.h5"
+    mpicd_run(2, QUICKSTART, out, "clients=2", "rounds=5", "algorithm=fedavg", DPSGD, timeout=400)
+    return out
+
+
+DPSGD = "privacy={epsilon: 2.5, noise_multiplier: 2.0}"
+
+
+def test_fedavg_dpsgd_epsilon_is_its_steps_and_the_budget_stops_its_share(dpsgd_run, tmp_path):
+    """FedAvg with DP-SGD: each round ceil(n / 32) Poisson-sampled steps at q = 1 / ceil(n / 32),
+    multiplier sigma = 2 (no counts), accounted by dp-accounting directly; bytes as declared."""
+    from mpicd.verify import verify
+
+    res = Results(dpsgd_run)
+    eps, stopped = res.metrics["epsilon"], res.metrics["privacy_stopped"]
+    n = res.partition["train_counts"].sum(axis=1)
+    for c in range(2):
+        batches = math.ceil(n[c] / 32)
+        spent = 0
+        for r in range(5):
+            if not stopped[r, c]:
+                spent += 1
+            assert math.isclose(eps[r, c], epsilon_direct(1 / batches, 2.0, spent * batches, 1e-5), rel_tol=1e-9)
+        assert (eps[:, c] <= 2.5).all() and stopped[-1, c] == 1  # 2.5 is spent within 5 rounds
+    assert verify(dpsgd_run).ok, verify(dpsgd_run).text()
+    out = tmp_path / "run.h5"  # resume equals the uninterrupted run
+    failed = mpiexec(
+        2, "-m", "mpicd", "run", str(QUICKSTART), "clients=2", "rounds=5", "algorithm=fedavg", DPSGD,
+        "debug.fail_rank=0", "debug.fail_round=2", "--out", str(out), timeout=400,
+    )  # fmt: skip
+    assert failed.returncode != 0
+    mpicd_run(2, QUICKSTART, out, "clients=2", "rounds=5", "algorithm=fedavg", DPSGD, "--resume", timeout=400)
+    a = Results(out)
+    assert list(a.attrs["resumed_at"]) == [2]
+    for name in a.metrics:
+        if not name.endswith("_seconds"):
+            np.testing.assert_array_equal(a.metrics[name], res.metrics[name], err_msg=name)
 
 
 def test_no_unclipped_or_unnoised_value_crosses_mpi(tmp_path):

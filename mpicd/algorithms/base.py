@@ -169,6 +169,7 @@ class Algorithm:
     trains_on_union: ClassVar[bool] = False  # True: every rank trains on all clients' training data
     carried: ClassVar[tuple[str, ...]] = ()  # attributes that carry state from one round to the next
     payloads: ClassVar[tuple[Payload, ...]] = ()  # what leaves a rank each round, per option; none: nothing
+    dpsgd: ClassVar[bool] = False  # True: with privacy, the local training is DP-SGD (it shares models)
 
     def state_dict(self) -> dict:
         """What a checkpoint must hold for the next round to equal an uninterrupted run's."""

@@ -68,14 +68,18 @@ class Budget:
         self.epsilon = 0.0
         self.stopped_at: int | None = None
 
-    def request(self, round_index: int, count: int = 1) -> bool:
-        """May the client release in this round (``count`` releases at the settings' q and
-        multiplier)? Granted: spent, True. Refused (epsilon would exceed the budget): it stops
-        sharing for the rest of the run, False."""
+    def request(
+        self, round_index: int, count: int = 1, q: float | None = None, multiplier: float | None = None
+    ) -> bool:
+        """May the client release in this round (``count`` releases at rate ``q`` and noise
+        ``multiplier``, default the settings'; DP-SGD: its steps, q = 1 / batches, multiplier sigma)?
+        Granted: spent, True. Refused (epsilon would exceed the budget): it stops sharing for the
+        rest of the run, False."""
         if self.stopped_at is not None:
             return False
         trial = Accountant(list(self.accountant.history))
-        trial.spend(self.settings.q, self.settings.multiplier, count)
+        q = self.settings.q if q is None else q
+        trial.spend(q, self.settings.multiplier if multiplier is None else multiplier, count)
         epsilon = trial.epsilon(self.settings.delta)
         if self.settings.budget is not None and epsilon > self.settings.budget:
             self.stopped_at = int(round_index)
