@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,7 +164,7 @@ class Client:
             batches = math.ceil(len(self.train_y) / cfg.train.batch_size)
             if budget.request(round_index, batches * cfg.train.local_epochs, 1.0 / batches, budget.settings.sigma):
                 return self.private_epochs(round_index)
-            algorithm.drop_update(round_index)  # budget spent: trained below, shared as a dropped update
+            algorithm.privacy_spent(round_index)  # trained below; what it shares: the algorithm's hook
         model.train()
         if cfg.train.optimizer_state == "reset":
             self.optimizer.reset()  # a fresh optimizer for this round's local training
@@ -203,8 +204,9 @@ class Client:
     def private_epochs(self, round_index: int) -> EpochLoss:
         """DP-SGD (mpicd.privacy.dpsgd, Opacus) for ``train.local_epochs`` epochs of Poisson-sampled
         batches, each step one release already spent in the client's budget; the model is unwrapped
-        after, so the algorithm's exchange sees the plain module. Loss: the mean over the steps'
-        samples (no extra term: the algorithms with DP-SGD have none)."""
+        after, so the algorithm's exchange sees the plain module. A data-free term of the algorithm
+        (:meth:`~mpicd.algorithms.Algorithm.parameter_loss`, FedAMP's proximal term) is added to the
+        noised gradient of each step; its per-sample share would be clipped and noised for nothing."""
         from .privacy import dpsgd
 
         cfg, s = self.plan.config, self.algorithm.ctx.privacy.settings
@@ -213,23 +215,40 @@ class Client:
             self.model, self.optimizer, self.train_x, self.train_y, batch_size=cfg.train.batch_size,
             noise_multiplier=s.sigma, max_grad_norm=s.clip, seed=cfg.seed, client=self.index, round_index=round_index,
         )  # fmt: skip
-        total, seen = 0.0, 0
+        total, extra, seen = 0.0, 0.0, 0
+        opacus_hook = private.optimizer.step_hook
+        params = [p for p in self.model.parameters() if p.requires_grad]
+
+        def parameter_term(optimizer) -> None:  # after the noise: the gradient of a data-free term
+            nonlocal extra
+            if opacus_hook is not None:
+                opacus_hook(optimizer)
+            term = self.algorithm.parameter_loss()
+            if term is not None:
+                for p, g in zip(params, torch.autograd.grad(term, params)):
+                    p.grad.add_(g)
+                extra += float(term.detach()) * batch_size
+
+        private.optimizer.step_hook = parameter_term
         try:
             private.module.train()
             for _ in range(cfg.train.local_epochs):
                 for x, y in private.loader:
+                    batch_size = len(y)
                     private.optimizer.zero_grad(set_to_none=True)
                     if len(y):
                         loss = F.cross_entropy(private.module(x), y)
                         if not math.isfinite(float(loss.detach())):
                             raise NonFiniteLoss(f"the training loss is {float(loss.detach())} (DP-SGD step)")
-                        loss.backward()
+                        with warnings.catch_warnings():  # the images need no gradient: Opacus' hooks say so
+                            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+                            loss.backward()
                         total, seen = total + float(loss.detach()) * len(y), seen + len(y)
                     private.optimizer.step()  # an empty batch is still a release: its noise is added
         finally:
             private.module.to_standard_module()  # Opacus' hooks off the model: next round wraps it again
-        mean = total / max(seen, 1)
-        return EpochLoss(mean, mean, 0.0)
+        ce, extra = total / max(seen, 1), extra / max(seen, 1)
+        return EpochLoss(ce + extra, ce, extra)
 
     def _distance_to_reference(self) -> float:
         """r_distance: ||m - R|| / ||R||, m this client's own eval-mode class means of the classes the

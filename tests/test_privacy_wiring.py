@@ -69,7 +69,7 @@ def test_privacy_is_off_by_default_and_absent_from_the_resolved_config():
             ["privacy={noise_multiplier: 1}", "algorithm={name: fedavg}", "train.optimizer_state=reset"],
             "train.optimizer_state",
         ),
-        (["privacy={noise_multiplier: 1}", "algorithm={name: fedamp}"], "privacy"),
+        (["privacy={noise_multiplier: 1}", "algorithm={name: fedamp}", "model.name=resnet18"], "model.name"),
         (["privacy={noise_multiplier: 1}", "algorithm={name: centralized}"], "privacy"),
         (["privacy={noise_multiplier: 1}", "algorithm={name: codistill, k: 5}"], "algorithm.k"),
         (["privacy={noise_multiplier: 1}", "algorithm={name: codistill, classes: all}"], "algorithm.classes"),
@@ -218,22 +218,23 @@ def test_resume_with_privacy_equals_the_uninterrupted_run(private_run, tmp_path)
     np.testing.assert_array_equal(a.bytes_sent_by_kind, b.bytes_sent_by_kind)
 
 
-@pytest.fixture(scope="module")
-def dpsgd_run(tmp_path_factory):
+@pytest.fixture(scope="module", params=["fedavg", "fedamp"])
+def dpsgd_run(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("dpsgd") / "run.h5"
-    mpicd_run(2, QUICKSTART, out, "clients=2", "rounds=5", "algorithm=fedavg", DPSGD, timeout=400)
-    return out
+    mpicd_run(2, QUICKSTART, out, "clients=2", "rounds=5", f"algorithm={request.param}", DPSGD, timeout=400)
+    return request.param, out
 
 
 DPSGD = "privacy={epsilon: 2.5, noise_multiplier: 2.0}"
 
 
-def test_fedavg_dpsgd_epsilon_is_its_steps_and_the_budget_stops_its_share(dpsgd_run, tmp_path):
-    """FedAvg with DP-SGD: each round ceil(n / 32) Poisson-sampled steps at q = 1 / ceil(n / 32),
-    multiplier sigma = 2 (no counts), accounted by dp-accounting directly; bytes as declared."""
+def test_dpsgd_epsilon_is_its_steps_and_the_budget_stops_its_share(dpsgd_run, tmp_path):
+    """FedAvg and FedAMP with DP-SGD: each round ceil(n / 32) Poisson-sampled steps at q = 1 / ceil(n /
+    32), multiplier sigma = 2 (no counts), accounted by dp-accounting directly; bytes as declared."""
     from mpicd.verify import verify
 
-    res = Results(dpsgd_run)
+    algorithm, path = dpsgd_run
+    res = Results(path)
     eps, stopped = res.metrics["epsilon"], res.metrics["privacy_stopped"]
     n = res.partition["train_counts"].sum(axis=1)
     for c in range(2):
@@ -244,7 +245,10 @@ def test_fedavg_dpsgd_epsilon_is_its_steps_and_the_budget_stops_its_share(dpsgd_
                 spent += 1
             assert math.isclose(eps[r, c], epsilon_direct(1 / batches, 2.0, spent * batches, 1e-5), rel_tol=1e-9)
         assert (eps[:, c] <= 2.5).all() and stopped[-1, c] == 1  # 2.5 is spent within 5 rounds
-    assert verify(dpsgd_run).ok, verify(dpsgd_run).text()
+    assert verify(path).ok, verify(path).text()
+    if algorithm == "fedamp":
+        assert (res.metrics["train_extra"][1:] > 0).all()  # the proximal term, added after the noise
+        return
     out = tmp_path / "run.h5"  # resume equals the uninterrupted run
     failed = mpiexec(
         2, "-m", "mpicd", "run", str(QUICKSTART), "clients=2", "rounds=5", "algorithm=fedavg", DPSGD,

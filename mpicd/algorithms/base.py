@@ -254,6 +254,16 @@ class Algorithm:
         """This client's update of the round is dropped (``on_nonfinite: skip``): it still takes
         part in the round's remaining exchanges, contributing nothing. Default: nothing to do."""
 
+    def privacy_spent(self, round_index: int) -> None:
+        """DP-SGD: this client's budget refused the round's steps (mpicd.client); from now on what it
+        shares must be post-processing of its earlier private steps. Default: as a dropped update."""
+        self.drop_update(round_index)
+
+    def parameter_loss(self) -> torch.Tensor | None:
+        """A loss term of the parameters alone (no data), or None: with DP-SGD it is added to the
+        noised gradient (free of privacy cost) rather than to the per-sample losses."""
+        return None
+
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Logits used for evaluation."""
         return self.ctx.model(x)
