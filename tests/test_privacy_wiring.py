@@ -92,6 +92,18 @@ def test_derived_sigma_keeps_every_planned_release_within_the_budget():
     assert epsilon_direct(0.1, s.multiplier - 0.01, 20, 1e-5) > 4.0  # and it is the smallest (within 1e-2)
 
 
+def test_a_codistill_budget_that_can_run_out_is_refused_with_several_clients_per_rank():
+    from mpicd.loop import refuse_with_several_per_rank
+
+    plan = prepare(load_config(QUICKSTART, ["clients=4", "clients_per_rank=balanced", PRIVATE]))
+    with pytest.raises(ConfigError) as err:
+        refuse_with_several_per_rank(plan, 2)
+    assert err.value.key == "privacy.epsilon"
+    refuse_with_several_per_rank(plan, 4)  # one client per rank: a spent teacher sends an empty message
+    derived = prepare(load_config(QUICKSTART, ["clients=4", "clients_per_rank=balanced", "privacy={epsilon: 4}"]))
+    refuse_with_several_per_rank(derived, 2)  # sigma derived for every round: the budget never runs out
+
+
 # --- one release, redrawn by hand ------------------------------------------------------------
 
 
