@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,7 @@ from . import diagnostics, metrics, optim, seeds
 from .algorithms import Batch, Context
 from .models import build_model
 from .plan import Plan
+from .privacy.budget import Budget
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,8 @@ class Client:
         self.model = build_model(
             cfg.model.name, plan.dataset.input_shape, plan.dataset.num_classes, cfg.model.feature_dim, cfg.model.hidden
         ).to(self.device)
-        self.optimizer = make_optimizer(self.model, cfg.train)
+        self.dpsgd = plan.privacy is not None and plan.algorithm_cls.dpsgd  # private local training
+        self.optimizer = torch_optimizer(self.model, cfg.train) if self.dpsgd else make_optimizer(self.model, cfg.train)
         self.class_weights = (  # train.loss: balanced, from the split this rank trains on
             balanced_weights(self.train_y, plan.dataset.num_classes) if cfg.train.loss == "balanced" else None
         )
@@ -116,6 +119,7 @@ class Client:
                 train_y=self.train_y,
                 client=rank,
                 owner=None if owner is None else np.asarray(owner),
+                privacy=None if plan.privacy is None else Budget(plan.privacy, cfg.seed, rank),
             ),
         )
 
@@ -155,6 +159,12 @@ class Client:
     def local_epochs(self, round_index: int) -> EpochLoss:
         """Train ``train.local_epochs`` epochs; returns the sample-weighted mean loss and its parts."""
         cfg, model, algorithm = self.plan.config, self.model, self.algorithm
+        if self.dpsgd:
+            budget = algorithm.ctx.privacy
+            batches = math.ceil(len(self.train_y) / cfg.train.batch_size)
+            if budget.request(round_index, batches * cfg.train.local_epochs, 1.0 / batches, budget.settings.sigma):
+                return self.private_epochs(round_index)
+            algorithm.privacy_spent(round_index)  # trained below; what it shares: the algorithm's hook
         model.train()
         if cfg.train.optimizer_state == "reset":
             self.optimizer.reset()  # a fresh optimizer for this round's local training
@@ -192,6 +202,55 @@ class Client:
                 seen += len(y)
         seen = max(seen, 1)
         return EpochLoss((total_ce + total_extra) / seen, total_ce / seen, total_extra / seen)
+
+    def private_epochs(self, round_index: int) -> EpochLoss:
+        """DP-SGD (mpicd.privacy.dpsgd, Opacus) for ``train.local_epochs`` epochs of Poisson-sampled
+        batches, each step one release already spent in the client's budget; the model is unwrapped
+        after, so the algorithm's exchange sees the plain module. A data-free term of the algorithm
+        (:meth:`~mpicd.algorithms.Algorithm.parameter_loss`, FedAMP's proximal term) is added to the
+        noised gradient of each step; its per-sample share would be clipped and noised for nothing."""
+        from .privacy import dpsgd
+
+        cfg, s = self.plan.config, self.algorithm.ctx.privacy.settings
+        self.model.train()  # evaluation left it in eval mode; Opacus' validator needs training mode
+        private = dpsgd.make_private(
+            self.model, self.optimizer, self.train_x, self.train_y, batch_size=cfg.train.batch_size,
+            noise_multiplier=s.sigma, max_grad_norm=s.clip, seed=cfg.seed, client=self.index, round_index=round_index,
+        )  # fmt: skip
+        total, extra, seen = 0.0, 0.0, 0
+        opacus_hook = private.optimizer.step_hook
+        params = [p for p in self.model.parameters() if p.requires_grad]
+
+        def parameter_term(optimizer) -> None:  # after the noise: the gradient of a data-free term
+            nonlocal extra
+            if opacus_hook is not None:
+                opacus_hook(optimizer)
+            term = self.algorithm.parameter_loss()
+            if term is not None:
+                for p, g in zip(params, torch.autograd.grad(term, params)):
+                    p.grad.add_(g)
+                extra += float(term.detach()) * batch_size
+
+        private.optimizer.step_hook = parameter_term
+        try:
+            private.module.train()
+            for _ in range(cfg.train.local_epochs):
+                for x, y in private.loader:
+                    batch_size = len(y)
+                    private.optimizer.zero_grad(set_to_none=True)
+                    if len(y):
+                        loss = F.cross_entropy(private.module(x), y)
+                        if not math.isfinite(float(loss.detach())):
+                            raise NonFiniteLoss(f"the training loss is {float(loss.detach())} (DP-SGD step)")
+                        with warnings.catch_warnings():  # the images need no gradient: Opacus' hooks say so
+                            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+                            loss.backward()
+                        total, seen = total + float(loss.detach()) * len(y), seen + len(y)
+                    private.optimizer.step()  # an empty batch is still a release: its noise is added
+        finally:
+            private.module.to_standard_module()  # Opacus' hooks off the model: next round wraps it again
+        ce, extra = total / max(seen, 1), extra / max(seen, 1)
+        return EpochLoss(ce + extra, ce, extra)
 
     def _distance_to_reference(self) -> float:
         """r_distance: ||m - R|| / ||R||, m this client's own eval-mode class means of the classes the
@@ -296,6 +355,16 @@ def balanced_weights(y: torch.Tensor, num_classes: int) -> torch.Tensor:
     counts = torch.bincount(y, minlength=num_classes).to(torch.float64)
     weights = torch.where(counts > 0, len(y) / (num_classes * counts.clamp(min=1)), torch.zeros_like(counts))
     return weights.to(torch.get_default_dtype())
+
+
+def torch_optimizer(model: torch.nn.Module, train):
+    """DP-SGD's optimizer: torch.optim's Adam or SGD with the same settings (Opacus wraps a
+    torch.optim optimizer; imported here only, so the default path never loads torch._dynamo)."""
+    import torch.optim
+
+    if train.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+    return torch.optim.SGD(model.parameters(), lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
 
 
 def make_optimizer(model: torch.nn.Module, train) -> optim.Optimizer:

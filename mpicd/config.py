@@ -236,6 +236,49 @@ class TimeoutConfig:
     )
 
 
+@dataclass
+class PrivacyConfig:
+    """Differential privacy of what leaves a rank (mpicd/privacy; README "Privacy"). The section absent
+    (the default) is privacy off: nothing is clipped, sampled or noised, and no accountant runs."""
+
+    epsilon: Optional[float] = spec(
+        None,
+        gt=0.0,
+        doc="the budget per client: a client whose next release would take its epsilon above it stops sharing "
+        "(/metrics/privacy_stopped); without noise_multiplier the noise is derived so that every planned "
+        "release fits; null: no budget (noise_multiplier then needed)",
+    )
+    delta: float = spec(1e-5, gt=0.0, lt=1.0, doc="the delta of every (epsilon, delta) the accountant reports")
+    clip: float = spec(1.0, gt=0.0, doc="C: each image's vector (feature, logits) is clipped to L2 norm C")
+    noise_multiplier: Optional[float] = spec(
+        None,
+        ge=0.0,
+        doc="sigma: the noise std on a sum is sigma * C (on a count sigma); null: the smallest sigma that keeps "
+        "rounds releases at sample_rate within (epsilon, delta)",
+    )
+    sample_rate: float = spec(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        doc="q: each image is in a release independently with probability q (Poisson sampling, what the "
+        "accountant's amplification by subsampling assumes)",
+    )
+    counts: Literal["public", "noised"] = spec(
+        "noised",
+        doc="noised: the count dividing a sum is released with noise std sigma (the release's multiplier is then "
+        "sigma / sqrt 2); public: the expected count q n_c (n_c, the client's images of class c, public)",
+    )
+
+    def __post_init__(self) -> None:
+        if self.noise_multiplier is None and self.epsilon is None:
+            raise ConfigError("privacy.noise_multiplier", "needs a value, or privacy.epsilon to derive it from")
+        if self.noise_multiplier == 0.0 and self.epsilon is not None:
+            raise ConfigError(
+                "privacy.noise_multiplier",
+                f"is 0 (exact releases, epsilon infinite), but privacy.epsilon is a budget of {self.epsilon}",
+            )
+
+
 # Keys that say how a run is executed, not what it computes: a resumed run may change them, and
 # the report does not split cells by them. A section name covers every key inside it.
 OPERATIONAL_KEYS = (
@@ -340,6 +383,10 @@ class Config:
     )
     debug: DebugConfig = field(default_factory=DebugConfig)
     timeout: TimeoutConfig = field(default_factory=TimeoutConfig)
+    privacy: Optional[PrivacyConfig] = field(
+        default=None,
+        metadata={"doc": "differential privacy (null: off)", "omit_when_none": True},
+    )
 
     def __post_init__(self) -> None:
         fail = self.debug
@@ -408,8 +455,9 @@ def describe(cls: type, prefix: str = "") -> list[KeyDoc]:
     rows: list[KeyDoc] = []
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name.rstrip('_')}"
-        if dataclasses.is_dataclass(hints[f.name]):
-            rows += describe(hints[f.name], f"{key}.")
+        section = [a for a in typing.get_args(hints[f.name]) if dataclasses.is_dataclass(a)]
+        if dataclasses.is_dataclass(hints[f.name]) or section:  # an optional section: its keys
+            rows += describe(hints[f.name] if not section else section[0], f"{key}.")
         elif hints[f.name] is not dict:
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             rows.append(KeyDoc(key, default, _allowed(hints[f.name], f.metadata), f.metadata.get("doc", "")))

@@ -75,6 +75,22 @@ def results_attrs(plan: Plan, client: Client) -> dict:
         "normalization": yaml.safe_dump(getattr(dataset, "normalization", None), sort_keys=False),
         "backends": yaml.safe_dump(backend_settings(), sort_keys=False),
         "payload_sizes": yaml.safe_dump(asdict(Sizes.of(client.model, plan.config.clients)), sort_keys=False),
+        **privacy_attrs(plan),
+    }
+
+
+def privacy_attrs(plan: Plan) -> dict:
+    """With privacy: what the accountant was given (sigma derived or not, the release's multiplier)."""
+    if plan.privacy is None:
+        return {}
+    s = plan.privacy
+    return {
+        "privacy_noise_multiplier": s.sigma,
+        "privacy_release_multiplier": s.sigma if plan.algorithm_cls.dpsgd else s.multiplier,
+        "privacy_sample_rate": "1 / ceil(n / train.batch_size) (DP-SGD)" if plan.algorithm_cls.dpsgd else s.q,
+        "privacy_clip": s.clip,
+        "privacy_delta": s.delta,
+        "privacy_accountant": "dp-accounting PLD, Poisson-subsampled Gaussian, add/remove-one, per client",
     }
 
 
@@ -114,6 +130,7 @@ def _state(plan: Plan, client: Client, ledger, outside: bool = True) -> dict:
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if client.device.type == "cuda" else None,
         "outside_rounds": (dict(outside.bytes_sent), dict(outside.bytes_recv), outside.seconds),
+        **({} if client.algorithm.ctx.privacy is None else {"privacy": client.algorithm.ctx.privacy.state_dict()}),
     }
 
 
@@ -124,6 +141,8 @@ def _restore(client: Client, ledger, state: dict) -> None:
     torch.set_rng_state(state["torch_rng"].cpu())
     if state["cuda_rng"] is not None:
         torch.cuda.set_rng_state_all(state["cuda_rng"])
+    if client.algorithm.ctx.privacy is not None:  # the accountant's history: epsilon goes on from there
+        client.algorithm.ctx.privacy.load_state_dict(state["privacy"])
     sent, recv, seconds = state["outside_rounds"]
     previous = Traffic(dict(sent), dict(recv), seconds)
     for kind in previous.bytes_sent:  # this job's start-up traffic adds to the earlier jobs'
@@ -241,6 +260,11 @@ def refuse_with_several_per_rank(plan: Plan, ranks: int) -> None:
     refused = {
         "eval.diagnostics": cfg.eval.diagnostics,
         "on_nonfinite": cfg.on_nonfinite == "skip",
+        # a spent teacher's R would be missing from a message of several teachers' rows
+        "privacy.epsilon": plan.algorithm_cls.name == "codistill"
+        and cfg.privacy is not None
+        and cfg.privacy.epsilon is not None
+        and cfg.privacy.noise_multiplier is not None,
         "algorithm.exchange": getattr(plan.algorithm_params, "exchange", None) == "ring",
     }
     for key, used in refused.items():
@@ -315,6 +339,7 @@ def run(
         resume_at=start or None,
         clients=layout.mine,
         num_clients=cfg.clients,
+        private=plan.privacy is not None,
     )
     # The layout this job runs on (mpicd.layout; a resumed job's may differ from the first one's).
     writer.set_attr("ranks", comm.size)
@@ -458,6 +483,7 @@ def _rounds(
                 skipped=int(guards[c.index].dropped),
                 participated=int(c.algorithm.ctx.participating),
                 diag=diag,
+                **privacy_row(c, r),
                 **timing,
             )
         writer.write_round(
@@ -504,6 +530,14 @@ def _rounds(
     _remove_checkpoints(comm, checkpoint.folder_for(out), run_id, [c.index for c in clients])
     writer.close(outside=_outside(clients, ledger))  # only on success: a failing rank aborts instead
     return Outcome(cfg.rounds, False)
+
+
+def privacy_row(client: Client, round_index: int) -> dict:
+    """The round's /metrics/epsilon and /metrics/privacy_stopped of a client (nothing: privacy off)."""
+    budget = client.algorithm.ctx.privacy
+    if budget is None:
+        return {}
+    return {"epsilon": budget.epsilon, "privacy_stopped": int(budget.stopped(round_index))}
 
 
 def _outside(clients: list[Client], ledger) -> dict[int, Traffic]:

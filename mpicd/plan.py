@@ -27,6 +27,7 @@ class Plan:
     algorithm_params: object
     num_parameters: int  # P of the model every client builds (sizes the checkpoints before training)
     shared: object = None  # nodeshare.SharedMemory under the dataset's arrays (None: a private load)
+    privacy: object = None  # mpicd.privacy.budget.Settings (None: privacy off)
 
     @property
     def resolved_config(self) -> dict:
@@ -68,6 +69,7 @@ def prepare(config: Config, comm=None) -> Plan:
             config.data.images_per_client,
         )
         algorithm_cls.check(params, partition.train_counts, partition.expertise)
+        privacy = private_settings(config, algorithm_cls, params)
         parameters = num_parameters(
             build_model(
                 config.model.name,
@@ -81,4 +83,37 @@ def prepare(config: Config, comm=None) -> Plan:
         if shared is not None:  # the same data and config: every rank of the node fails here alike
             shared.free()
         raise
-    return Plan(config, dataset, partition, algorithm_cls, params, parameters, shared)
+    return Plan(config, dataset, partition, algorithm_cls, params, parameters, shared, privacy)
+
+
+def private_settings(config: Config, algorithm_cls: type[Algorithm], params):
+    """The ``privacy`` section resolved (mpicd.privacy.budget.Settings; sigma derived from the budget
+    over ``rounds`` releases if not given), None when it is off; ConfigError for what has no private path."""
+    if config.privacy is None:
+        return None
+    from .privacy.budget import settings
+
+    algorithm_cls.check_private(params)
+    if algorithm_cls.dpsgd:
+        check_dpsgd(config)
+    try:
+        return settings(config.privacy, config.rounds)
+    except ValueError as err:
+        raise ConfigError("privacy.epsilon", str(err).removeprefix("privacy: ")) from None
+
+
+def check_dpsgd(config: Config) -> None:
+    """What DP-SGD's local training (Opacus, mpicd.client) needs of the rest of the config."""
+    refused = {
+        "privacy.noise_multiplier": (config.privacy.noise_multiplier is None, "needs a value for DP-SGD (the steps "
+                                     "per round differ per client: no sigma is derived from the budget)"),
+        "privacy.sample_rate": (config.privacy.sample_rate != 1.0, "must stay 1 for DP-SGD: batches are Poisson-"
+                                "sampled at q = 1 / ceil(n / train.batch_size)"),
+        "train.loss": (config.train.loss != "ce", "must be ce for DP-SGD (a weighted mean is not per sample)"),
+        "train.optimizer_state": (config.train.optimizer_state != "keep", "must be keep for DP-SGD"),
+        "model.name": (config.model.name == "resnet18", "resnet18's BatchNorm mixes samples: DP-SGD needs "
+                       "lenet, fedavgcnn or mlp"),
+    }  # fmt: skip
+    for key, (bad, why) in refused.items():
+        if bad:
+            raise ConfigError(key, why)

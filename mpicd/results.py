@@ -76,6 +76,8 @@ class RoundRow:
     diag: Any = None  # mpicd.diagnostics.Diagnostics (eval.diagnostics), or None: NaN in /diag
     mpi: Traffic | None = None  # what crossed MPI from the client's rank (its first client; None: = traffic)
     participated: int = 1  # 0: the client sat the round out (participation < 1)
+    epsilon: float = float("nan")  # privacy on: the client's epsilon after the round's releases
+    privacy_stopped: int = 0  # privacy on: 1 once its budget refused a release (it stopped sharing)
 
 
 @dataclass(frozen=True)
@@ -160,8 +162,21 @@ def _scores(split: str, prefix: str, num_classes: int) -> list[Column]:
     ]  # fmt: skip
 
 
-def columns(num_classes: int) -> list[Column]:
-    """Every per-round dataset of the file, in a fixed order."""
+def private_columns() -> list[Column]:
+    """The per-round datasets of a run with ``privacy`` (only then in the file: without it the file is
+    what it was before privacy existed)."""
+    return [
+        Column("metrics/epsilon", "f8", (), lambda row: row.epsilon, "1",
+               "The client's epsilon at the attr privacy_delta after every release it made up to and including the "
+               "round (dp-accounting PLD, Poisson-subsampled Gaussian, add/remove-one; 0 before its first)."),
+        Column("metrics/privacy_stopped", "i8", (), lambda row: row.privacy_stopped, "1",
+               "1 from the round in which the client's privacy budget (privacy.epsilon) refused its release on "
+               "(it shares nothing from then on), else 0."),
+    ]  # fmt: skip
+
+
+def columns(num_classes: int, private: bool = False) -> list[Column]:
+    """Every per-round dataset of the file, in a fixed order (``private``: with :func:`private_columns`)."""
     k = (len(KINDS),)
     test, val, train = (_scores(*split, num_classes) for split in (("test", ""), ("val", "val_"), ("train", "train_")))
     return [
@@ -212,6 +227,7 @@ def columns(num_classes: int) -> list[Column]:
         Column("diag/cka_teacher", "f8", (), _diag("cka_teacher"), "1",
                "Co-distillation: linear CKA of the student's and its teacher's eval-mode features on the first 64 "
                "validation (else test) images, after training; NaN where undefined or without eval.diagnostics."),
+        *(private_columns() if private else []),
     ]  # fmt: skip
 
 
@@ -240,9 +256,9 @@ def fixed() -> list[Fixed]:
     ]  # fmt: skip
 
 
-def layout(num_classes: int) -> list[Column | Fixed]:
+def layout(num_classes: int, private: bool = False) -> list[Column | Fixed]:
     """Every dataset of the file but the dimension scales, in the order they are created."""
-    return [*columns(num_classes), *fixed()]
+    return [*columns(num_classes, private), *fixed()]
 
 
 def dimension_values(rounds: int, clients: int, class_names: list[str]) -> dict[str, np.ndarray]:
@@ -350,10 +366,12 @@ class ResultsWriter:
         resume_at: int | None = None,
         clients: list[int] | None = None,
         num_clients: int | None = None,
+        private: bool = False,
     ):
         self.comm = comm
         self.rounds = rounds
-        self.cols = columns(num_classes)
+        self.private = private  # privacy on: the private_columns too
+        self.cols = columns(num_classes, private)
         self.clients = sorted(clients) if clients is not None else [comm.rank]
         self.num_clients = comm.size if num_clients is None else num_clients
         self.claimed = resume_at or 0  # the rounds completed_rounds says are in the file
@@ -449,7 +467,7 @@ class ResultsWriter:
         names = [_text(n) for n in attrs.get("class_names", [])]
         values = dimension_values(rounds, clients, names if len(names) == classes else list(range(classes)))
         scales: dict[tuple[str, str], h5py.Dataset] = {}
-        for d in layout(classes):
+        for d in layout(classes, self.private):
             group = d.path.split("/")[0]
             for dim in d.all_dims:  # a group's scales first, in the order its datasets use them
                 if (group, dim) not in scales:

@@ -58,6 +58,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         raise ConfigError(key, f"must be one of {_type_name(tp)}, got {show(value)}")
     if origin in (Union, types.UnionType):
+        sections = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+        if sections and isinstance(value, dict):  # an optional section: its own errors name their keys
+            return from_mapping(sections[0], value, key)
         for option in typing.get_args(tp):
             try:
                 return _coerce(value, option, key)
@@ -189,8 +192,12 @@ def from_mapping(cls: type, mapping: Any, prefix: str = "", also_known: typing.S
 
 def to_mapping(obj: Any) -> Any:
     """The inverse of :func:`from_mapping` (``lambda_`` written as ``lambda``)."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name.rstrip("_"): to_mapping(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if dataclasses.is_dataclass(obj):  # an optional section left out (null) is not written: older files' configs
+        return {
+            f.name.rstrip("_"): to_mapping(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if not (f.metadata.get("omit_when_none") and getattr(obj, f.name) is None)
+        }
     if isinstance(obj, dict):
         return {k: to_mapping(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -11,7 +11,8 @@ Checked, from the file alone:
   it may hold a write that a crash interrupted before ``completed_rounds`` moved);
 * bytes: per round and rank, the totals equal the sums over kinds, and each kind equals the
   algorithm's declared payload (``Algorithm.payloads``; co-distillation's students read from
-  ``/comm/teacher``; in a round where an update was skipped, at most the declared bytes);
+  ``/comm/teacher``; in a round where an update was skipped or a privacy budget stopped a client
+  (``/metrics/privacy_stopped``), at most the declared bytes);
 * MPI bytes: per round and rank, ``/comm/bytes_mpi_*`` equal the rank-level declaration
   (``Payload.rank_sent``, the layout from the attr ``client_rank``; files never resumed);
 * participation: a client that sat a round out (``/metrics/participated`` 0) has no training
@@ -183,9 +184,10 @@ def _bytes(verdict: Verdict, res, config: dict, attrs: dict, clients: int, done:
     sizes = Sizes(**yaml.safe_load(attrs["payload_sizes"]))
     skipped = res.metrics.get("skipped")
     taking = res.metrics.get("participated")
+    spent = res.metrics.get("privacy_stopped")  # privacy: a spent client sends nothing, as a skipped one
     wrong: dict[str, list[int]] = {}
     for r in range(done):
-        relaxed = skipped is not None and bool(skipped[r].any())
+        relaxed = skipped is not None and bool(skipped[r].any()) or spent is not None and bool(spent[r].any())
         for c in range(clients):
             students = int((res.teacher[r] == c).sum())
             declared = cls.bytes_per_round(sizes, params, students)  # N = 1 handled by each algorithm
@@ -224,6 +226,7 @@ def _mpi_bytes(verdict: Verdict, path: Path, config: dict, attrs: dict, done: in
         sent, recv = f["comm/bytes_mpi_sent"][:done], f["comm/bytes_mpi_recv"][:done]
         kinds = [k.decode() if isinstance(k, bytes) else str(k) for k in f["comm/bytes_mpi_sent"].attrs["kinds"]]
         teachers = f["comm/teacher"][:done]
+        spent = f["metrics/privacy_stopped"][:done] if "metrics/privacy_stopped" in f else None
     owner = np.asarray(attrs["client_rank"], dtype=np.int64)
     sizes = Sizes(**yaml.safe_load(attrs["payload_sizes"]))
     skipped = attrs.get("on_nonfinite") == "skip" or config.get("on_nonfinite") == "skip"
@@ -241,7 +244,8 @@ def _mpi_bytes(verdict: Verdict, path: Path, config: dict, attrs: dict, done: in
             for i, kind in enumerate(kinds):
                 got = (int(sent[r, mine[0], i]), int(recv[r, mine[0], i]))
                 want = tuple(declared.get(kind, (0, 0)))
-                if got != want and not (skipped and got[0] <= want[0] and got[1] <= want[1]):
+                relaxed = skipped or spent is not None and bool(spent[r].any())
+                if got != want and not (relaxed and got[0] <= want[0] and got[1] <= want[1]):
                     wrong.add(r)
             if sent[r, mine[1:]].any() or recv[r, mine[1:]].any():
                 wrong.add(r)

@@ -8,6 +8,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..privacy.release import class_sums_payload, private_class_sums
+from ..privacy.sampling import poisson_subset
+
 
 def averaged_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     """Parameters, then floating-point buffers, in a fixed order: what FedAvg averages.
@@ -84,6 +87,38 @@ class PerClassMeans:
         """A payload (or a sum of payloads) -> (rows (C, width), weights (C,))."""
         c, w = self.num_classes, self.width
         return vector[: c * w].reshape(c, w), vector[c * w :]
+
+
+def eval_rows(outputs, model: torch.nn.Module, x: torch.Tensor, width: int, chunk: int = 256) -> np.ndarray:
+    """(len(x), width) float64: ``outputs`` of every image in eval mode without gradients, in chunks
+    (the private releases' rows: one pass, one row per image); the model's mode is restored."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        rows = [outputs(x[i : i + chunk]).to(torch.float64).cpu() for i in range(0, len(x), chunk)]
+    model.train(was_training)
+    return torch.cat(rows).numpy() if rows else np.zeros((0, width))
+
+
+def private_class_payload(ctx, outputs, width: int, round_index: int) -> np.ndarray | None:
+    """FedProto's and FedDistill's release with privacy: ``[sums (C width) ; counts (C)]`` float32 of
+    the client's training images Poisson-sampled at q, one eval-mode row each (``outputs``), clipped
+    to C, the sums noised (std sigma C) and the counts noised (std sigma) or public (q n_c, n_c its
+    images of class c); None when the client's budget refuses the release (mpicd.privacy.budget)."""
+    budget = ctx.privacy
+    s = budget.settings
+    if not budget.request(round_index):
+        return None
+    generator = budget.generator(round_index)  # the Poisson sample, then the noise
+    taken = torch.as_tensor(poisson_subset(len(ctx.train_y), s.q, generator), device=ctx.train_y.device)
+    rows = eval_rows(outputs, ctx.model, ctx.train_x[taken], width)
+    labels = ctx.train_y[taken].cpu().numpy()
+    sums, counts = private_class_sums(
+        rows, labels, ctx.num_classes, clip=s.clip, sigma=s.sigma, generator=generator, noise_counts=s.noised_counts
+    )
+    if not s.noised_counts:
+        counts = s.q * np.bincount(ctx.train_y.cpu().numpy(), minlength=ctx.num_classes)
+    return class_sums_payload(sums, counts)
 
 
 def mean_over_clients(summed: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

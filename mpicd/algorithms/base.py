@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import torch
 
+from ..schema import ConfigError
 from ..ledger import KINDS
 from ..models import FeatureHeadModel, num_parameters
 
 if TYPE_CHECKING:  # the comm layer imports MPI; `mpicd check` must work without it
     from ..comm import Comm
+    from ..privacy.budget import Budget
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Context:
     client: int | None = None  # this client's index (None: the MPI rank)
     owner: np.ndarray | None = None  # (clients,) the rank of every client (None: client i on rank i)
     participants: np.ndarray | None = None  # the round's participating clients (None: all; mpicd.participation)
+    privacy: "Budget | None" = None  # this client's privacy budget (mpicd.privacy.budget; None: privacy off)
 
     @property
     def participating(self) -> bool:
@@ -166,6 +169,7 @@ class Algorithm:
     trains_on_union: ClassVar[bool] = False  # True: every rank trains on all clients' training data
     carried: ClassVar[tuple[str, ...]] = ()  # attributes that carry state from one round to the next
     payloads: ClassVar[tuple[Payload, ...]] = ()  # what leaves a rank each round, per option; none: nothing
+    dpsgd: ClassVar[bool] = False  # True: with privacy, the local training is DP-SGD (it shares models)
 
     def state_dict(self) -> dict:
         """What a checkpoint must hold for the next round to equal an uninterrupted run's."""
@@ -182,6 +186,12 @@ class Algorithm:
     @classmethod
     def check(cls, params, train_counts: np.ndarray, expertise: np.ndarray) -> None:
         """Reject hyper-parameters the partition cannot satisfy (ConfigError), before training."""
+
+    @classmethod
+    def check_private(cls, params) -> None:
+        """Reject a ``privacy`` section (ConfigError) unless these options have a private path:
+        every value that leaves a rank clipped and noised (mpicd.privacy). Default: none."""
+        raise ConfigError("privacy", f"algorithm {cls.name} has no private path (privacy: null, or another algorithm)")
 
     @classmethod
     def payload_for(cls, params) -> Payload | None:
@@ -248,6 +258,16 @@ class Algorithm:
     def drop_update(self, round_index: int) -> None:
         """This client's update of the round is dropped (``on_nonfinite: skip``): it still takes
         part in the round's remaining exchanges, contributing nothing. Default: nothing to do."""
+
+    def privacy_spent(self, round_index: int) -> None:
+        """DP-SGD: this client's budget refused the round's steps (mpicd.client); from now on what it
+        shares must be post-processing of its earlier private steps. Default: as a dropped update."""
+        self.drop_update(round_index)
+
+    def parameter_loss(self) -> torch.Tensor | None:
+        """A loss term of the parameters alone (no data), or None: with DP-SGD it is added to the
+        noised gradient (free of privacy cost) rather than to the per-sample losses."""
+        return None
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Logits used for evaluation."""

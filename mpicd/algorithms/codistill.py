@@ -21,6 +21,13 @@ Two options reproduce the authors' code (both off by default):
 With either option ``/comm/teacher`` holds the round's shared assignment only when teachers are
 drawn per round; per minibatch it is -1.
 
+With ``privacy`` (mpicd/privacy, README "Privacy"; ``k: all``, ``teacher_per: round``, ``classes:
+expertise`` only) R is :meth:`private_means`: the images of the expertise class Poisson-sampled at
+``privacy.sample_rate``, each one's eval-mode vector clipped to ``privacy.clip``, the sum noised
+(std sigma C), divided by the public expected count q n (``counts: public``) or the noised count;
+one release per round the client teaches, the same R for all its students. A teacher whose budget
+is spent sends nothing, as a dropped one.
+
 Two more readings of the method (defaults: the published algorithm):
 
 * ``share: logits`` (the paper's text, and the authors' code's default ``kd_type: output``): the
@@ -44,7 +51,9 @@ import torch.nn.functional as F
 
 from ..schema import ConfigError, spec
 from .. import seeds
-from .aggregate import allgather_over_clients, one_per_rank
+from ..privacy.gaussian import gaussian_sum
+from ..privacy.sampling import poisson_subset
+from .aggregate import allgather_over_clients, eval_rows, one_per_rank
 from .base import Algorithm, Batch, Context, Payload, Sizes
 
 MEAN_CHUNK = 256  # images per forward pass when a teacher averages its features
@@ -187,6 +196,15 @@ class CoDistillation(Algorithm):
                         f"{int(train_counts[client, c])} images of class {c}",
                     )
 
+    @classmethod
+    def check_private(cls, params: CoDistillParams) -> None:
+        """The private R is the per-round expertise-class mean: other readings have no private path."""
+        for key, value, needed in (("k", params.k, "all"), ("teacher_per", params.teacher_per, "round"),
+                                   ("classes", params.classes, "expertise")):  # fmt: skip
+            if value != needed:
+                why = " (the images are Poisson-sampled at privacy.sample_rate)" if key == "k" else ""
+                raise ConfigError(f"algorithm.{key}", f"is {value!r}, but privacy needs {needed!r}{why}")
+
     def __init__(self, params: CoDistillParams, ctx: Context):
         super().__init__(params, ctx)
         self.teachers = np.full(ctx.size, -1, dtype=np.int64)
@@ -214,11 +232,13 @@ class CoDistillation(Algorithm):
         model = self.ctx.model
         return model.num_classes if self.params.share == "logits" else model.feature_dim
 
-    def class_means(self, round_index: int) -> np.ndarray:
+    def class_means(self, round_index: int) -> np.ndarray | None:
         """(classes shared, width): eval-mode mean feature (or, ``share: logits``, mean logits) of
         each shared class's :meth:`subset` (in chunks of MEAN_CHUNK images, so k = all fits in
-        memory for any class size)."""
+        memory for any class size). With privacy :meth:`private_means` (None: budget spent)."""
         ctx = self.ctx
+        if ctx.privacy is not None:
+            return self.private_means(round_index)
         model = ctx.model
         outputs = model if self.params.share == "logits" else model.features
         was_training = model.training
@@ -233,6 +253,25 @@ class CoDistillation(Algorithm):
                 rows.append(total / len(index))
         model.train(was_training)
         return np.ascontiguousarray(torch.stack(rows).cpu().numpy(), dtype=np.float32)
+
+    def private_means(self, round_index: int) -> np.ndarray | None:
+        """(1, width) private R of the expertise class (mpicd.privacy.release's R, computed only for
+        the sampled images), or None when the client's budget refuses the release."""
+        ctx, budget = self.ctx, self.ctx.privacy
+        s = budget.settings
+        if not budget.request(round_index):
+            return None
+        (index,) = torch.nonzero(ctx.train_y == self.shared_classes[0], as_tuple=True)
+        generator = budget.generator(round_index)  # the Poisson sample, then the noise
+        taken = torch.as_tensor(poisson_subset(len(index), s.q, generator), device=index.device)
+        outputs = ctx.model if self.params.share == "logits" else ctx.model.features
+        rows = eval_rows(outputs, ctx.model, ctx.train_x[index[taken]], self.width)
+        total = gaussian_sum(rows, clip=s.clip, sigma=s.sigma, generator=generator)
+        if s.noised_counts:  # post-processing: a noised count below 1 divides by 1
+            count = max(len(taken) + generator.normal(0.0, s.sigma), 1.0)
+        else:
+            count = max(s.q * len(index), 1.0)
+        return np.ascontiguousarray((total / count)[None], dtype=np.float32)
 
     def before_epoch(self, round_index: int) -> None:
         type(self).before_round([self], round_index)
@@ -276,7 +315,9 @@ class CoDistillation(Algorithm):
         means: dict[int, np.ndarray] = {}  # this rank's teachers of the round: their R (1, width)
         for t, m in mine.items():
             if np.any(teachers == t) and m.dropping != round_index:
-                means[t] = m.class_means(round_index)
+                released = m.class_means(round_index)
+                if released is not None:  # None: its privacy budget is spent (mpicd.privacy.budget)
+                    means[t] = released
         width = members[0].width
         sends, recvs = [], []
         for other in range(comm.size):

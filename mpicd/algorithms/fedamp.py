@@ -254,6 +254,33 @@ class FedAMP(Algorithm):
         self.xi: np.ndarray | None = None  # this rank's row of xi, last round
         self.cloud: list[torch.Tensor] | None = None  # u_i, shaped like the parameters (no grad)
 
+    dpsgd = True  # privacy: DP-SGD local training (mpicd.client), the proximal term added after the noise
+    frozen: np.ndarray | None = None  # privacy: the model shared once the budget is spent
+
+    @classmethod
+    def check_private(cls, params: FedAMPParams) -> None:
+        """The private path is DP-SGD on the local training: what is gathered is post-processing."""
+
+    def privacy_spent(self, round_index: int) -> None:
+        """The budget is spent: from now on it shares the model it had then (post-processing of its
+        private steps), whatever it trains after."""
+        if self.frozen is None:
+            self.frozen = flatten(list(self.ctx.model.parameters()))
+
+    def shared(self) -> np.ndarray:
+        """The parameter vector it sends: its model, or the frozen one once its budget is spent."""
+        return flatten(list(self.ctx.model.parameters())) if self.frozen is None else self.frozen
+
+    def parameter_loss(self) -> torch.Tensor | None:
+        return self.extra_loss(None)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), **({} if self.frozen is None else {"frozen": self.frozen})}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.frozen = state.get("frozen")
+
     def weights(self, models: np.ndarray) -> np.ndarray:
         i = self.ctx.rank
         if self.params.similarity == "cosine":
@@ -272,7 +299,7 @@ class FedAMP(Algorithm):
             member._after_ring()
             return
         ctx = members[0].ctx
-        models = allgather_over_clients(ctx, {m.ctx.rank: flatten(list(m.ctx.model.parameters())) for m in members})
+        models = allgather_over_clients(ctx, {m.ctx.rank: m.shared() for m in members})
         for m in members:
             m.xi = m.weights(models)
             m._set_cloud(cloud_model(models, m.xi))
@@ -283,7 +310,7 @@ class FedAMP(Algorithm):
         self.cloud = cloud
 
     def _after_ring(self) -> None:
-        own, cfg = flatten(list(self.ctx.model.parameters())), self.params
+        own, cfg = self.shared(), self.params
         self.xi, u = streaming_cloud(
             own,
             self.ctx.rank,

@@ -13,6 +13,10 @@ lenet, fedavgcnn and mlp; BatchNorm statistics for resnet18); ``reduction: exact
 file on every layout of clients on ranks, mpicd.comm.Comm.allreduce_sum_exact): ``8 + 8 (P + B + 1)``.
 
 The optimizer's state (Adam's moments) stays on each client, as in FedAvg with local optimizers.
+
+With ``privacy`` the local training is DP-SGD (Opacus, mpicd/privacy/dpsgd.py, in mpicd.client):
+every optimizer step is one Poisson-subsampled Gaussian release at q = 1 / ceil(n_i / batch_size)
+with multiplier sigma; a client whose budget is spent contributes nothing, as a dropped one.
 """
 
 from __future__ import annotations
@@ -55,6 +59,12 @@ class FedAvg(Algorithm):
             when=(("reduction", "exact"),),
         ),
     )
+
+    dpsgd = True  # privacy: DP-SGD local training (mpicd.client), the average post-processing of it
+
+    @classmethod
+    def check_private(cls, params) -> None:
+        """The private path is DP-SGD on the local training: what is averaged is post-processing."""
 
     dropped = False
 

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ..schema import spec
 from .base import Algorithm, Batch, Context, Payload
-from .aggregate import REDUCTION_DOC, PerClassMeans, allreduce_over_clients, mean_over_clients
+from .aggregate import REDUCTION_DOC, PerClassMeans, allreduce_over_clients, mean_over_clients, private_class_payload
 
 
 def teacher_logits(
@@ -82,6 +82,10 @@ class FedDistill(Algorithm):
     )
     carried = ("targets", "has_teacher")
 
+    @classmethod
+    def check_private(cls, params: FedDistillParams) -> None:
+        """Private path: per-class logit sums and counts (the teacher then the pooled mean)."""
+
     def __init__(self, params: FedDistillParams, ctx: Context):
         super().__init__(params, ctx)
         self.local = PerClassMeans(ctx.num_classes, ctx.num_classes, ctx.device)
@@ -95,6 +99,20 @@ class FedDistill(Algorithm):
 
     def drop_update(self, round_index: int) -> None:
         self.local.reset()  # no class counts: the others' means, as if this client were absent
+        self.dropped_in = round_index
+
+    dropped_in: int | None = None
+
+    def payload(self, round_index: int) -> np.ndarray:
+        """What the client contributes to the round's Allreduce; with privacy its private release
+        (mpicd.algorithms.aggregate.private_class_payload), zeros when dropped or its budget is spent."""
+        ctx = self.ctx
+        if ctx.privacy is None:
+            return self.local.payload()
+        released = None
+        if self.dropped_in != round_index:
+            released = private_class_payload(ctx, ctx.model, ctx.num_classes, round_index)
+        return np.zeros_like(self.local.payload()) if released is None else released
 
     def observe_batch(self, batch: Batch) -> None:
         self.local.add(batch.logits, batch.y)
@@ -116,7 +134,7 @@ class FedDistill(Algorithm):
         client that sits the round out keeps what it had (mpicd.participation)."""
         members_all, members = members, [m for m in members if m.ctx.participating]
         for m in members:
-            m.sent = m.local.payload()
+            m.sent = m.payload(round_index)
         received = allreduce_over_clients(
             members_all[0].ctx,
             {m.ctx.rank: m.sent for m in members},

@@ -37,8 +37,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..schema import spec
-from .aggregate import REDUCTION_DOC, PerClassMeans, allreduce_over_clients, mean_over_clients
+from ..schema import ConfigError, spec
+from .aggregate import REDUCTION_DOC, PerClassMeans, allreduce_over_clients, mean_over_clients, private_class_payload
 from .base import Algorithm, Batch, Context, Payload
 
 
@@ -77,6 +77,12 @@ class FedProto(Algorithm):
     )
     carried = ("prototypes", "has_prototype")
 
+    @classmethod
+    def check_private(cls, params: FedProtoParams) -> None:
+        """The private release is per-class sums and counts: the sample-weighted reading only."""
+        if params.weighting != "samples":
+            raise ConfigError("algorithm.weighting", f"is {params.weighting!r}, but privacy needs 'samples'")
+
     def __init__(self, params: FedProtoParams, ctx: Context):
         super().__init__(params, ctx)
         self.local = PerClassMeans(ctx.num_classes, ctx.model.feature_dim, ctx.device)
@@ -90,6 +96,20 @@ class FedProto(Algorithm):
 
     def drop_update(self, round_index: int) -> None:
         self.local.reset()  # no class counts: the others' means, as if this client were absent
+        self.dropped_in = round_index
+
+    dropped_in: int | None = None
+
+    def payload(self, round_index: int) -> np.ndarray:
+        """What the client contributes to the round's Allreduce; with privacy its private release
+        (mpicd.algorithms.aggregate.private_class_payload), zeros when dropped or its budget is spent."""
+        ctx = self.ctx
+        if ctx.privacy is None:
+            return self.local.payload(weighted=self.params.weighting == "samples")
+        released = None
+        if self.dropped_in != round_index:
+            released = private_class_payload(ctx, ctx.model.features, ctx.model.feature_dim, round_index)
+        return np.zeros_like(self.local.payload()) if released is None else released
 
     def observe_batch(self, batch: Batch) -> None:
         self.local.add(batch.features, batch.y)
@@ -111,7 +131,7 @@ class FedProto(Algorithm):
         client that sits the round out keeps what it had (mpicd.participation)."""
         members_all, members = members, [m for m in members if m.ctx.participating]
         for m in members:
-            m.sent = m.local.payload(weighted=m.params.weighting == "samples")
+            m.sent = m.payload(round_index)
         received = allreduce_over_clients(
             members_all[0].ctx,
             {m.ctx.rank: m.sent for m in members},

@@ -10,3 +10,7 @@ from .base import Algorithm
 
 class LocalOnly(Algorithm):
     name = "local"
+
+    @classmethod
+    def check_private(cls, params) -> None:
+        """Nothing leaves the rank: privacy costs nothing (epsilon 0, the reference of issue 20)."""
