@@ -101,10 +101,17 @@ KEYS = {
     "algorithm.classes": Key("choice", choices=("expertise", "all")),
     "algorithm.share": Key("choice", choices=("features", "logits")),
     "algorithm.term_mean": Key("choice", choices=("matching", "batch")),
+    "privacy.epsilon": Key("float", 0, True, optional=True),
+    "privacy.delta": Key("float", 0, True, 1, True),
+    "privacy.clip": Key("float", 0, True),
+    "privacy.noise_multiplier": Key("float", 0, optional=True),
+    "privacy.sample_rate": Key("float", 0, True, 1, False),
+    "privacy.counts": Key("choice", choices=("public", "noised")),
 }
 SECTIONS = ("data", "model", "train", "eval", "checkpoint", "debug", "timeout", "algorithm")
 KNOWN = {section: {k.split(".")[1] for k in KEYS if k.startswith(section + ".")} for section in SECTIONS}
-KNOWN[""] = {k for k in KEYS if "." not in k} | set(SECTIONS)
+KNOWN[""] = {k for k in KEYS if "." not in k} | set(SECTIONS) | {"privacy"}  # privacy: off in BASE (null)
+KNOWN["privacy"] = {k.split(".")[1] for k in KEYS if k.startswith("privacy.")}
 # A valid config for 2 ranks (the data limit: a client holds at most 74 training images of a class).
 BASE = {
     "clients": 2,
