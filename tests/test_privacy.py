@@ -305,3 +305,22 @@ def test_membership_attack_off_and_on(normal_features):
     assert abs(on.auc - 0.5) < 0.1 and on.auc < off.auc
     perfect = audit.attack_success(np.array([2.0, 3.0]), np.array([0.0, 1.0]))
     assert perfect.auc == 1.0 and perfect.tpr_at_1pct_fpr == 1.0
+
+
+@pytest.mark.parametrize(
+    "history",
+    [[(0.5, 5.511, 70)], [(1.0, 2.0, 5)], [(0.5, 5.511, 3), (1.0, 2.0, 4), (0.25, 1.3, 7)]],
+)
+def test_the_kept_plds_give_dp_accountings_own_epsilon(history):
+    """Accountant.epsilon composes kept PLDs itself (for speed); dp-accounting's PLDAccountant, fed
+    the same events, must give the same number."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+    from dp_accounting.privacy_accountant import NeighboringRelation
+
+    theirs = PLDAccountant(NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
+    for q, sigma, count in history:
+        gaussian = dp_event.GaussianDpEvent(sigma)
+        theirs.compose(gaussian if q == 1.0 else dp_event.PoissonSampledDpEvent(q, gaussian), count)
+    assert accountant.Accountant(list(history)).epsilon(1e-5) == theirs.get_epsilon(1e-5)
+    assert accountant.Accountant(list(history)).epsilon(1e-5) == theirs.get_epsilon(1e-5)  # from the cache
