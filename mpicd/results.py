@@ -304,8 +304,8 @@ def flush_interval(flush_every: int | str, ranks: int) -> int:
 
     A flush is collective and on oversubscribed cores its cost grows with the ranks (16 ranks on 2
     cores: ~15 ms against ~1 ms at 2; BENCHMARKS.md), so ``auto`` flushes every ceil(ranks / 4)
-    rounds: every round up to 4 ranks, every 8th at 32 (the write per round grew 5x from 2 to 32
-    ranks here, against 10x flushed every round; BENCHMARKS.md). Between flushes the rows wait in
+    rounds: every round up to 4 ranks, every 8th at 32 (the write per round: 0.7x from 2 to 32
+    ranks here, against 5x flushed every round; BENCHMARKS.md). Between flushes the rows wait in
     memory: a crash loses at most that many rounds, which ``--resume`` recomputes from the
     checkpoint (one at or before the flushed round is kept).
     """
