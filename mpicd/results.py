@@ -30,11 +30,12 @@ dimension it uses (xarray opens one group at a time and finds coordinate values 
 Readers here skip the scales (:func:`is_scale`).
 
 The per-round datasets are declared once in :func:`columns`; creation, the collective write and
-the serial fallback's pack/unpack all follow that table.
+the packing of a rank's rows into one vector all follow that table.
 
 Rows are gathered at each flush (one Allgather through ``comm``, so the bytes are counted) and
-rank 0 writes them, one contiguous block per dataset (BENCHMARKS.md: every rank writing its own
-rows made the write's CPU time grow with the ranks). With h5py built against MPI (driver ``mpio``)
+rank 0 alone unpacks and writes them, one contiguous block per dataset (BENCHMARKS.md: every
+rank writing its own rows, or unpacking every rank's, made the write's CPU time grow with the
+ranks). With h5py built against MPI (driver ``mpio``)
 all ranks hold the file open and make every metadata change and every flush together; without
 MPI support rank 0 alone opens it: the same layout. Rows wait in memory and are written, claimed
 in ``completed_rounds`` (updated in place) and flushed every :func:`flush_interval` rounds, at a stop and at the end, so a crash
@@ -311,16 +312,6 @@ def pack(values: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.atleast_1d(np.asarray(v, dtype=np.float64)) for v in values])
 
 
-def unpack(vector: np.ndarray, cols: list[Column]) -> list[np.ndarray]:
-    out, at = [], 0
-    for col in cols:
-        n = int(np.prod(col.shape)) if col.shape else 1
-        part = vector[at : at + n].astype(col.dtype)
-        out.append(part.reshape(col.shape) if col.shape else part[0])
-        at += n
-    return out
-
-
 PLACEMENT_STRINGS = {"host": 64, "device": 16, "cpu": 64}
 
 
@@ -329,8 +320,8 @@ def flush_interval(flush_every: int | str, ranks: int) -> int:
 
     A flush is collective and on oversubscribed cores its cost grows with the ranks (16 ranks on 2
     cores: ~15 ms against ~1 ms at 2; BENCHMARKS.md), so ``auto`` flushes every ceil(ranks / 4)
-    rounds: every round up to 4 ranks, every 8th at 32 (the write per round grew 5x from 2 to 32
-    ranks here, against 10x flushed every round; BENCHMARKS.md). Between flushes the rows wait in
+    rounds: every round up to 4 ranks, every 8th at 32 (the write per round: 0.7x from 2 to 32
+    ranks here, against 5x flushed every round; BENCHMARKS.md). Between flushes the rows wait in
     memory: a crash loses at most that many rounds, which ``--resume`` recomputes from the
     checkpoint (one at or before the flushed round is kept).
     """
@@ -512,21 +503,23 @@ class ResultsWriter:
     def _flush(self, round_index: int) -> None:
         """Write the buffered rows and the known write times, then claim them (collective).
 
-        One Allgather brings every rank's buffered rows to every rank and rank 0 alone writes
-        them, one contiguous block of (rounds, clients) per dataset: the writes per flush are
+        One Allgather brings every rank's buffered rows to every rank and rank 0 alone unpacks and
+        writes them, one contiguous block of (rounds, clients) per dataset: the writes per flush are
         the same at 2 ranks as at 32 (each rank writing its own rows made the CPU time of the
         round's writes grow with the ranks, measured in BENCHMARKS.md). Under mpio the other
         ranks take part in the metadata update and the flush.
         """
-        rows, times = self._gathered()
+        gathered = self._gathered()
         if self.file is not None and self.comm.rank == 0:
-            rounds = sorted(rows)
-            for i, col in enumerate(self.cols):
-                block = np.array([[rows[r][c][i] for c in range(self.num_clients)] for r in rounds], dtype=col.dtype)
-                self.file[col.path][rounds[0] : rounds[-1] + 1] = block
-            dset = self.file["metrics/write_seconds"]
-            for r, seconds in times.items():
-                dset[r] = [seconds.get(c, np.nan) for c in range(self.num_clients)]
+            first, blocks, times = gathered
+            for col, block in zip(self.cols, blocks):
+                self.file[col.path][first : first + len(block)] = block
+            dset, timed = self.file["metrics/write_seconds"], sorted(times)
+            if timed and timed == list(range(timed[0], timed[-1] + 1)):  # as always: one block
+                dset[timed[0] : timed[-1] + 1] = np.stack([times[r] for r in timed])
+            else:
+                for r in timed:
+                    dset[r] = times[r]
         if self.file is not None:
             began = time.perf_counter()
             # modify writes the value in place: no window where the attribute is deleted. The last
@@ -541,10 +534,15 @@ class ResultsWriter:
         self._buffer.clear()
         self._times.clear()
 
-    def _gathered(self) -> tuple[dict[int, dict[int, list]], dict[int, dict[int, float]]]:
-        """Every rank's buffered rows and unwritten write times, on every rank: one
-        Allgather of float64 (integers up to 2**53 are exact). Every rank buffers the same rounds
-        (flushes are agreed), and pads to the same number of clients, so the blocks line up."""
+    def _gathered(self) -> tuple[int, list[np.ndarray], dict[int, np.ndarray]] | None:
+        """Every rank's buffered rows and unwritten write times, on rank 0 (None elsewhere): one
+        Allgather of float64 (integers up to 2**53 are exact), then (first buffered round, one
+        (rounds, clients, *shape) block per column, {round: write seconds of every client}).
+
+        Every rank buffers the same rounds (flushes are agreed), and pads to the same number of
+        clients (a client index of NaN), so the blocks line up; only rank 0 unpacks them, with
+        array slicing: unpacking every row on every rank cost CPU time that grows as N^2 over the
+        job (BENCHMARKS.md)."""
         rounds, timed = sorted(self._buffer), sorted(self._times)
         width = sum(int(np.prod(c.shape)) if c.shape else 1 for c in self.cols)
         values = np.full((len(rounds), self._held, 1 + width), np.nan)
@@ -554,18 +552,35 @@ class ResultsWriter:
                 values[i, j] = [client, *pack(self._buffer[r][client])]
             for i, r in enumerate(timed):
                 seconds[i, j] = [client, self._times[r]]
-        rows: dict[int, dict[int, list]] = {r: {} for r in rounds}
-        times: dict[int, dict[int, float]] = {r: {} for r in timed}
-        for vec in self.comm.allgather(np.concatenate([values.ravel(), seconds.ravel()])):
-            for i, r in enumerate(rounds):
-                for row in vec[: values.size].reshape(values.shape)[i]:
-                    if not np.isnan(row[0]):
-                        rows[r][int(row[0])] = unpack(row[1:], self.cols)
-            for i, r in enumerate(timed):
-                for client, t in vec[values.size :].reshape(seconds.shape)[i]:
-                    if not np.isnan(client):
-                        times[r][int(client)] = t
-        return rows, times
+        everyone = self.comm.allgather(np.concatenate([values.ravel(), seconds.ravel()]))
+        if self.comm.rank != 0:
+            return None
+        # (ranks, rounds, held, ...) -> (rounds, ranks * held, ...): a row per (round, slot)
+        slots = self.comm.size * self._held
+        v = everyone[:, : values.size].reshape(self.comm.size, *values.shape).swapaxes(0, 1)
+        v = v.reshape(len(rounds), slots, 1 + width)
+        s = everyone[:, values.size :].reshape(self.comm.size, *seconds.shape).swapaxes(0, 1)
+        s = s.reshape(len(timed), slots, 2)
+        blocks = []
+        if rounds:
+            held = ~np.isnan(v[0, :, 0])
+            clients = v[0, held, 0].astype(np.int64)
+            if sorted(clients.tolist()) != list(range(self.num_clients)):
+                raise RuntimeError(f"results: the ranks' rows cover clients {sorted(clients.tolist())}")
+            at = 1
+            for col in self.cols:
+                n = int(np.prod(col.shape)) if col.shape else 1
+                block = np.empty((len(rounds), self.num_clients, *col.shape), dtype=col.dtype)
+                block[:, clients] = v[:, held, at : at + n].reshape(len(rounds), len(clients), *col.shape)
+                blocks.append(block)
+                at += n
+        times = {}
+        for i, r in enumerate(timed):
+            row = np.full(self.num_clients, np.nan)
+            known = ~np.isnan(s[i, :, 0])
+            row[s[i, known, 0].astype(np.int64)] = s[i, known, 1]
+            times[r] = row
+        return (rounds[0] if rounds else 0), blocks, times
 
     def _put(self, name: str, index: tuple, values: dict) -> None:
         """Write ``values[client]`` at ``dset[(*index, client)]``: this rank's clients, or all serially.
@@ -607,7 +622,11 @@ class ResultsWriter:
             blocks = [mine]
             times = {r: dict.fromkeys(self.clients, t) for r, t in self._times.items()}
         else:
-            rows, times = self._gathered()  # nothing buffered: only the write times
+            gathered = self._gathered()  # nothing buffered: only the write times
+            times = {
+                r: {c: t for c, t in enumerate(row) if not np.isnan(t)}
+                for r, row in (gathered or (0, [], {}))[2].items()
+            }
             blocks = [v.reshape(mine.shape) for v in self.comm.allgather(mine.ravel())]
         last = max(self._times, default=-1)
         if self.file is not None:
