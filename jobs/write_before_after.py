@@ -4,7 +4,7 @@
 
 For each N, the quick start (``configs/quickstart.yaml``, no checkpoints, eval every round) on N
 ranks with the checkout BEFORE, then with AFTER (each as PYTHONPATH), flush ``auto``; then AFTER
-flushed every round. Per run, as ``mpicd bench --write-ranks`` measures it (mpicd/bench_write.py):
+flushed every round. Per run, as ``mpicd bench --write-ranks`` measures it (mpicd/bench/write.py):
 the least-waiting rank's ``/metrics/write_seconds`` per round (the smallest over the ranks), mean
 over the rounds after the first; besides it rank 0's (the rank that writes the rows) and the
 slowest rank's. ``growth``: the mean at the largest N over the mean at the smallest, per setting.
