@@ -4,6 +4,8 @@ tables (``mpicd config --markdown``), from the declarations in mpicd.config and 
 
 from __future__ import annotations
 
+import dataclasses
+
 from . import __version__
 from .config import Config, KeyDoc, describe, inline
 
@@ -31,15 +33,19 @@ def default_config(name: str) -> str:
         f"# Another algorithm's keys: mpicd config --algorithm NAME, NAME one of {', '.join(REGISTRY)}.",
         "# On the command line: dotted key=value overrides, e.g. train.lr=1e-3 or algorithm=fedavg.",
     ]
+    # A section that is off unless present (privacy) is printed commented out: the output stays a
+    # loadable config of the defaults, and uncommenting it (with the values it needs) turns it on.
+    optional = {f.name for f in dataclasses.fields(Config) if f.metadata.get("omit_when_none")}
     entries, section = [], ""
     for row in rows:
         head, _, leaf = row.key.rpartition(".")
+        off = "# " if head.split(".")[0] in optional else ""
         if head != section:
             if head:  # a top-level key after a section needs no header
-                entries.append((f"{head}:", ""))
+                entries.append((f"{off}{head}:", "off unless present; uncomment to turn on" if off else ""))
             section = head
         comment = f"{row.allowed}; {row.doc}" if row.doc else row.allowed
-        entries.append((f"{'  ' if head else ''}{leaf}: {inline(row.default)}", comment))
+        entries.append((f"{off}{'  ' if head else ''}{leaf}: {inline(row.default)}", comment))
     width = max(len(text) for text, _ in entries) + 2
     lines += [f"{text:<{width}}# {comment}" if comment else text for text, comment in entries]
     return "\n".join(lines)

@@ -93,9 +93,15 @@ def test_every_algorithm_runs_end_to_end(baselines, dataset):
 def test_resolved_hyper_parameters_are_in_the_results_file(baselines):
     _, out = baselines
     config = {name: Results(out / f"{name}_quick.h5").config["algorithm"] for name in BASELINES}
-    assert config["fedavg"] == {"name": "fedavg"}
-    assert config["fedproto"] == {"name": "fedproto", "lambda": 1.0, "weighting": "samples", "predict": "head"}
-    assert config["feddistill"] == {"name": "feddistill", "lambda": 1.0, "exclude_self": True}
+    assert config["fedavg"] == {"name": "fedavg", "reduction": "mpi"}
+    assert config["fedproto"] == {
+        "name": "fedproto",
+        "lambda": 1.0,
+        "weighting": "samples",
+        "predict": "head",
+        "reduction": "mpi",
+    }
+    assert config["feddistill"] == {"name": "feddistill", "lambda": 1.0, "exclude_self": True, "reduction": "mpi"}
     assert config["fedamp"] == {
         "name": "fedamp",
         "lambda": 0.1,
