@@ -59,7 +59,7 @@ launch() {
   exec {out}> >(trap '' INT TERM USR1 HUP; exec tee -a "$seen")
   tee_pid=$!
   "${cmd[@]}" python -m mpicd "$@" >&"$out" {out}>&- &
-  _mpicd_pid=$! _mpicd_signalled=0 _mpicd_interrupted=0
+  _mpicd_pid=$! _mpicd_signalled=0 _mpicd_interrupted=0 _mpicd_usr1=0
   exec {out}>&-
   trap '_mpicd_forward USR1' USR1
   trap '_mpicd_forward TERM' TERM INT
@@ -70,10 +70,15 @@ launch() {
   done
   trap - USR1 TERM INT
   for _ in {1..100}; do kill -0 "$tee_pid" 2>/dev/null || break; sleep 0.1; done  # tee has passed it all on
-  started=no
+  started=no stopped=no
   if grep -qE 'mpicd: rank [0-9]+ on |mpicd pack: [0-9]+ runs in ' "$seen"; then started=yes; fi
+  # Every rank has checkpointed and closed the file (a barrier) before rank 0 prints this line and
+  # the ranks exit with 75; srun --kill-on-bad-exit may still end the slower ranks once the first one
+  # has exited (srun then returns 143, not 75): after a USR1 the line is what says "stopped".
+  if grep -q 'mpicd: stopped on request after round' "$seen"; then stopped=yes; fi
   rm -f "$seen"
-  if [ "$rc" = "$MPICD_STOPPED" ]; then
+  if [ "$rc" = "$MPICD_STOPPED" ] || { [ "$stopped" = yes ] && [ "$_mpicd_usr1" = 1 ] && [ "$_mpicd_interrupted" = 0 ]; }; then
+    rc=$MPICD_STOPPED
     if [ -n "${SLURM_JOB_ID:-}" ]; then
       echo "mpicd: the ranks checkpointed and stopped; requeueing job $SLURM_JOB_ID to resume" >&2
       _mpicd_requeue "$SLURM_JOB_ID" || return "$rc"
@@ -113,7 +118,7 @@ _mpicd_requeue() {  # a busy slurmctld may time out a request: try again before 
 
 _mpicd_forward() {
   _mpicd_signalled=1
-  if [ "$1" != USR1 ]; then _mpicd_interrupted=1; fi
+  if [ "$1" = USR1 ]; then _mpicd_usr1=1; else _mpicd_interrupted=1; fi
   echo "mpicd: SIG$1 received, passing it to the ranks" >&2
   kill "-$1" "$_mpicd_pid" 2>/dev/null || true
 }

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpicd.algorithms.base import Context, NoParams
+from mpicd.algorithms.base import Context
 from mpicd.algorithms.aggregate import assign, averaged_tensors, flatten
 from mpicd.algorithms.fedavg import FedAvg
 from mpicd.models import build_model, num_parameters, resnet18
@@ -46,7 +46,7 @@ def test_payload_is_n_theta_then_n_and_the_result_is_the_weighted_mean():
     theta = flatten(list(model.parameters()))
     other = np.linspace(-1, 1, p).astype(np.float32)
     comm = SummingComm([np.concatenate([30 * other, [30]]).astype(np.float32)])
-    FedAvg(NoParams(), context(model, comm, 10)).after_epoch(0)
+    FedAvg(FedAvg.Params(), context(model, comm, 10)).after_epoch(0)
     assert comm.sent.dtype == np.float32 and comm.sent.shape == (p + 1,)
     np.testing.assert_allclose(comm.sent, np.concatenate([10 * theta, [10]]), rtol=1e-6)
     np.testing.assert_allclose(flatten(list(model.parameters())), (10 * theta + 30 * other) / 40, rtol=1e-5, atol=1e-7)

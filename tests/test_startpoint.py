@@ -318,7 +318,8 @@ def test_a_failed_save_leaves_no_temporary_file_and_the_older_checkpoints(tmp_pa
 # ------------------------------------------------------------------ under MPI
 
 SHORT = ("clients=2", "rounds=10")
-LONG = ("clients=2", "rounds=60")  # rounds of ~0.05 s: time to interrupt one after round 2
+LONG_ROUNDS = 300  # rounds of ~0.01 s (at 60 a run could end before a Ctrl-C sent after round 2 landed)
+LONG = ("clients=2", f"rounds={LONG_ROUNDS}")
 
 
 @pytest.fixture(scope="module")
@@ -546,7 +547,7 @@ def resume_and_compare(out: Path, n: int, run_id: str, reference: Path) -> None:
     resumed = quickstart(*LONG, "--out", str(out), "--resume")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert_resumed(resumed.stdout, run_id, n + 1, checkpoint.folder_for(out))
-    res = assert_complete_and_verified(out, 60)
+    res = assert_complete_and_verified(out, LONG_ROUNDS)
     assert list(res.attrs["resumed_at"]) == [n]
     assert_same_as(out, reference)
 
@@ -565,7 +566,7 @@ def test_ctrl_c_of_mpirun_sh_stops_after_a_round_and_resume_completes(tmp_path, 
     wait_for(proc, log, "round    2/")
     os.kill(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does to the script
     assert finish(proc, log) == 130, log.read_text()
-    n = stopped_round(log.read_text(), 60)
+    n = stopped_round(log.read_text(), LONG_ROUNDS)
     resume_and_compare(out, n, assert_checkpointed_at(out, n), reference["long"])
 
 
@@ -591,7 +592,7 @@ def test_sigterm_to_every_rank_stops_after_a_round_and_resume_completes(tmp_path
         os.kill(pid, signal.SIGTERM)
     assert finish(proc, log) != 0, log.read_text()
     assert {p.name: p.read_text().strip() for p in codes.iterdir()} == {"rank0": "130", "rank1": "130"}
-    n = stopped_round(log.read_text(), 60)
+    n = stopped_round(log.read_text(), LONG_ROUNDS)
     resume_and_compare(out, n, assert_checkpointed_at(out, n), reference["long"])
 
 
@@ -602,8 +603,8 @@ def sweep_file(folder: Path, grid: dict) -> Path:
 
 
 def test_ctrl_c_of_a_sweep_stops_it_and_the_rerun_resumes_and_completes(tmp_path):
-    sweep = sweep_file(tmp_path, {"clients": [2], "rounds": [40, 2]})  # run 0 is interrupted; run 1 is short
-    outs = [tmp_path / "out" / f"{i:04d}_clients=2_rounds={rounds}.h5" for i, rounds in enumerate((40, 2))]
+    sweep = sweep_file(tmp_path, {"clients": [2], "rounds": [LONG_ROUNDS, 2]})  # run 0 is interrupted; run 1 is short
+    outs = [tmp_path / "out" / f"{i:04d}_clients=2_rounds={rounds}.h5" for i, rounds in enumerate((LONG_ROUNDS, 2))]
     log = tmp_path / "sweep.log"
     with open(log, "w") as output:
         proc = subprocess.Popen(
@@ -620,7 +621,7 @@ def test_ctrl_c_of_a_sweep_stops_it_and_the_rerun_resumes_and_completes(tmp_path
     text = log.read_text()
     assert "=== sweep interrupted at run 0 " in text and f"continue with: bash jobs/sweep.sh {sweep}" in text, text
     assert "=== run 1" not in text and not outs[1].exists(), text
-    n = stopped_round(text, 40)
+    n = stopped_round(text, LONG_ROUNDS)
     run_id = assert_checkpointed_at(outs[0], n)
 
     again = subprocess.run(
@@ -629,7 +630,7 @@ def test_ctrl_c_of_a_sweep_stops_it_and_the_rerun_resumes_and_completes(tmp_path
     assert again.returncode == 0, again.stdout + again.stderr
     assert_resumed(again.stdout, run_id, n + 1, checkpoint.folder_for(outs[0]))
     assert again.stdout.count("=== run ") == 2 and "sweep complete" in again.stdout, again.stdout
-    for out, rounds in zip(outs, (40, 2)):
+    for out, rounds in zip(outs, (LONG_ROUNDS, 2)):
         assert_complete_and_verified(out, rounds)
     assert list(Results(outs[0]).attrs["resumed_at"]) == [n] and list(Results(outs[1]).attrs["resumed_at"]) == []
 
