@@ -154,6 +154,18 @@ def allreduce_over_clients(
     return ctx.comm.allreduce_sum_clients(contributions, template)
 
 
+def allreduce_payloads(members: list, round_index: int) -> np.ndarray:
+    """FedProto's and FedDistill's exchange: each participating client's ``payload(round_index)``
+    (kept as its ``sent``), summed over every client of every rank (:func:`allreduce_over_clients`)."""
+    taking = [m for m in members if m.ctx.participating]
+    for m in taking:
+        m.sent = m.payload(round_index)
+    first = members[0]
+    return allreduce_over_clients(
+        first.ctx, {m.ctx.rank: m.sent for m in taking}, first.local.payload(), first.params.reduction
+    )
+
+
 REDUCTION_DOC = (
     "mpi: one float32 Allreduce(SUM), the order of additions MPI's and the layout's (files agree "
     "across layouts to float32 rounding); exact: int64 fixed-point sums, the same bits on every "

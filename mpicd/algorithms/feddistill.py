@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ..schema import spec
 from .base import Algorithm, Batch, Context, Payload
-from .aggregate import REDUCTION_DOC, PerClassMeans, allreduce_over_clients, mean_over_clients, private_class_payload
+from .aggregate import REDUCTION_DOC, PerClassMeans, allreduce_payloads, mean_over_clients, private_class_payload
 
 
 def teacher_logits(
@@ -132,16 +132,8 @@ class FedDistill(Algorithm):
     def after_round(cls, members: list["FedDistill"], round_index: int) -> None:
         """The rank sums its participating clients' payloads, then one Allreduce (mpicd.comm); a
         client that sits the round out keeps what it had (mpicd.participation)."""
-        members_all, members = members, [m for m in members if m.ctx.participating]
-        for m in members:
-            m.sent = m.payload(round_index)
-        received = allreduce_over_clients(
-            members_all[0].ctx,
-            {m.ctx.rank: m.sent for m in members},
-            members_all[0].local.payload(),
-            members_all[0].params.reduction,
-        )
-        for m in members:
+        received = allreduce_payloads(members, round_index)
+        for m in (m for m in members if m.ctx.participating):
             m.received = received
             logits, has = teacher_logits(received, m.sent, m.ctx.num_classes, m.params.exclude_self)
             m.targets = torch.softmax(torch.from_numpy(logits).to(m.ctx.device), dim=1)

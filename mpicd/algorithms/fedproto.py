@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ..schema import ConfigError, spec
-from .aggregate import REDUCTION_DOC, PerClassMeans, allreduce_over_clients, mean_over_clients, private_class_payload
+from .aggregate import REDUCTION_DOC, PerClassMeans, allreduce_payloads, mean_over_clients, private_class_payload
 from .base import Algorithm, Batch, Context, Payload
 
 
@@ -129,16 +129,8 @@ class FedProto(Algorithm):
     def after_round(cls, members: list["FedProto"], round_index: int) -> None:
         """The rank sums its participating clients' payloads, then one Allreduce (mpicd.comm); a
         client that sits the round out keeps what it had (mpicd.participation)."""
-        members_all, members = members, [m for m in members if m.ctx.participating]
-        for m in members:
-            m.sent = m.payload(round_index)
-        received = allreduce_over_clients(
-            members_all[0].ctx,
-            {m.ctx.rank: m.sent for m in members},
-            members_all[0].local.payload(),
-            members_all[0].params.reduction,
-        )
-        for m in members:
+        received = allreduce_payloads(members, round_index)
+        for m in (m for m in members if m.ctx.participating):
             m.received = received
             means, has = mean_over_clients(*m.local.split(received))
             m.prototypes = torch.from_numpy(means).to(m.ctx.device)
