@@ -12,6 +12,8 @@ A sweep file::
       algorithm: [codistill, fedavg]     # each with its defaults; {name: fedavg, ...} sets keys
       data.skew: [0.0, 0.6, 0.9]
       seed: [0, 1, 2]
+    set:                                 # optional: the same overrides for every run, not in names
+      eval.diagnostics: false
 """
 
 from __future__ import annotations
@@ -50,9 +52,9 @@ def load_sweep(path: str | Path) -> list[SweepRun]:
     if not path.is_file():
         raise ConfigError("", f"sweep file {str(path)!r} does not exist")
     spec = yaml.safe_load(path.read_text()) or {}
-    unknown = set(spec) - {"config", "output_dir", "grid"}
+    unknown = set(spec) - {"config", "output_dir", "grid", "set"}
     if unknown:
-        raise ConfigError(sorted(unknown)[0], f"unknown key in sweep file {path} (known: config, output_dir, grid)")
+        raise ConfigError(sorted(unknown)[0], f"unknown key in sweep file {path} (known: config, output_dir, grid, set)")
     if "config" not in spec or not isinstance(spec.get("grid"), dict) or not spec["grid"]:
         raise ConfigError("grid", f"sweep file {path} needs 'config' and a non-empty 'grid' mapping")
     base = path.parent / spec["config"]
@@ -61,9 +63,16 @@ def load_sweep(path: str | Path) -> list[SweepRun]:
     for key in keys:
         if not isinstance(spec["grid"][key], list) or not spec["grid"][key]:
             raise ConfigError(f"grid.{key}", f"must be a non-empty list of values in {path}")
+    fixed = spec.get("set") or {}
+    if not isinstance(fixed, dict):
+        raise ConfigError("set", f"must be a mapping of config keys to values in {path}")
+    for key in fixed:
+        if key in spec["grid"]:
+            raise ConfigError(f"set.{key}", f"is also a grid key in {path}: give it in one place")
+    pinned = tuple(f"{k}={inline(v)}" for k, v in fixed.items())
     runs = []
     for index, values in enumerate(itertools.product(*(spec["grid"][k] for k in keys))):
-        overrides = tuple(f"{k}={inline(v)}" for k, v in zip(keys, values))
+        overrides = pinned + tuple(f"{k}={inline(v)}" for k, v in zip(keys, values))
         try:
             config = load_config(base, overrides)
             cls, params = resolve(config.algorithm)

@@ -54,11 +54,25 @@ def test_grid_expands_in_order_with_named_outputs(tmp_path):
         ({"algorithm": [{"name": "nope"}]}, {}, "algorithm.name"),
         ({"data.skew": []}, {}, "grid.data.skew"),
         ({"seed": [0]}, {"colour": "red"}, "colour"),
+        ({"seed": [0]}, {"set": {"seed": 3}}, "set.seed: is also a grid key"),
+        ({"seed": [0]}, {"set": ["eval.every=2"]}, "set: must be a mapping"),
+        ({"seed": [0]}, {"set": {"data.skew": 2.0}}, "run 0 .*data.skew: must be < 1"),
     ],
 )
 def test_bad_sweeps_name_the_run_and_key(tmp_path, grid, extra, match):
     with pytest.raises(ConfigError, match=match):
         load_sweep(sweep_file(tmp_path, grid, **extra))
+
+
+def test_set_pins_keys_for_every_run_without_naming_them(tmp_path):
+    runs = load_sweep(sweep_file(tmp_path, {"seed": [0, 1]}, set={"eval.every": 2, "data.skew": 0.3}))
+    assert [r.overrides for r in runs] == [
+        ("eval.every=2", "data.skew=0.3", "seed=0"),
+        ("eval.every=2", "data.skew=0.3", "seed=1"),
+    ]
+    assert [r.output.name for r in runs] == ["0000_seed=0.h5", "0001_seed=1.h5"]
+    assert all(r.resolved["eval"]["every"] == 2 and r.resolved["data"]["skew"] == 0.3 for r in runs)
+    assert [r.resolved["seed"] for r in runs] == [0, 1]
 
 
 @pytest.fixture(scope="module")
