@@ -54,7 +54,9 @@ def load_sweep(path: str | Path) -> list[SweepRun]:
     spec = yaml.safe_load(path.read_text()) or {}
     unknown = set(spec) - {"config", "output_dir", "grid", "set"}
     if unknown:
-        raise ConfigError(sorted(unknown)[0], f"unknown key in sweep file {path} (known: config, output_dir, grid, set)")
+        raise ConfigError(
+            sorted(unknown)[0], f"unknown key in sweep file {path} (known: config, output_dir, grid, set)"
+        )
     if "config" not in spec or not isinstance(spec.get("grid"), dict) or not spec["grid"]:
         raise ConfigError("grid", f"sweep file {path} needs 'config' and a non-empty 'grid' mapping")
     base = path.parent / spec["config"]
