@@ -314,7 +314,7 @@ def computed_config(tree: dict, prefix: str = "") -> dict:
 # Keys added after results files and checkpoints were already being written, each with the value
 # that reproduces what those older files did; a file without the key counts as holding it (resume,
 # sweeps, report cells). A key whose default changed what a run computes must never be listed.
-ADDED_LATER: dict[str, tuple[str | None, Any]] = {
+ADDED_LATER: dict[str, tuple[str | tuple[str, ...] | None, Any]] = {
     "on_nonfinite": (None, "abort"),  # before: no check; a finished run never met a NaN either way
     "algorithm.exchange": ("fedamp", "allgather"),  # before: always the Allgather
     "algorithm.share": ("codistill", "features"),  # before: always the mean feature vector
@@ -326,13 +326,15 @@ ADDED_LATER: dict[str, tuple[str | None, Any]] = {
     "data.dirichlet_alpha": (None, None),  # before: no Dirichlet partition
     "data.images_per_client": (None, None),  # before: clients sized by images_per_class only
     "participation": (None, 1.0),  # before: every client in every round
+    "algorithm.reduction": (("fedavg", "fedproto", "feddistill"), "mpi"),  # before: the float32 Allreduce
 }
 
 
 def with_added_keys(flat: dict) -> dict:
     """A flat (dotted) config plus the ``ADDED_LATER`` keys it lacks, at their older-version values."""
     name = flat.get("algorithm.name")
-    return {**{k: v for k, (algorithm, v) in ADDED_LATER.items() if algorithm in (None, name)}, **flat}
+    applies = lambda algorithm: algorithm is None or name in ((algorithm,) if isinstance(algorithm, str) else algorithm)  # noqa: E731
+    return {**{k: v for k, (algorithm, v) in ADDED_LATER.items() if applies(algorithm)}, **flat}
 
 
 def config_difference(saved: dict, current: dict, saved_as: str, current_as: str) -> str | None:

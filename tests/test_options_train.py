@@ -45,7 +45,7 @@ def test_defaults_validation_and_older_files():
         assert err.value.key == key, err.value
     # a results file or checkpoint written before these keys existed counts as keep and ce
     assert ADDED_LATER["train.optimizer_state"] == (None, "keep") and ADDED_LATER["train.loss"] == (None, "ce")
-    current = {**to_mapping(Config()), "algorithm": {"name": "fedavg"}}
+    current = {**to_mapping(Config()), "algorithm": {"name": "local"}}
     older = {**current, "train": {k: v for k, v in current["train"].items() if k not in ("optimizer_state", "loss")}}
     assert config_difference(older, current, "the file", "this run") is None
     reset = {**current, "train": {**current["train"], "optimizer_state": "reset"}}
@@ -249,3 +249,22 @@ def test_resume_with_reset_and_balanced_equals_an_uninterrupted_run(tmp_path, al
         if not is_timing(name):
             np.testing.assert_array_equal(a.metrics[name], b.metrics[name], err_msg=name)
     np.testing.assert_array_equal(a.bytes_sent_by_kind, b.bytes_sent_by_kind)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedproto", "feddistill"])
+def test_files_older_than_reduction_count_as_the_float32_allreduce(name):
+    """Results files written before ``algorithm.reduction`` existed (e.g. the study's tuning runs)
+    summed with the float32 Allreduce: they match ``reduction: mpi`` and differ from ``exact``."""
+    from mpicd.algorithms import resolve
+
+    cls, params = resolve({"name": name})
+    current = {**to_mapping(Config()), "algorithm": {"name": name, **to_mapping(params)}}
+    assert current["algorithm"]["reduction"] == "mpi"
+    older = {**current, "algorithm": {k: v for k, v in current["algorithm"].items() if k != "reduction"}}
+    assert config_difference(older, current, "the file", "this run") is None
+    exact = {**current, "algorithm": {**current["algorithm"], "reduction": "exact"}}
+    assert config_difference(older, exact, "the file", "this run") == (
+        "algorithm.reduction: the file has 'mpi', this run 'exact'"
+    )
+    codistill = {**current, "algorithm": {"name": "codistill"}}
+    assert "algorithm.reduction" not in str(config_difference(older, codistill, "the file", "this run"))

@@ -13,7 +13,10 @@ image the minority class. The test split is never read. Co-distillation's two re
 features, the mean feature vector; share: logits, the paper's text) are two method rows, each
 with its own choice. BreastMNIST (147 malignant training images; a val split of 78) is not tuned:
 it reuses PneumoniaMNIST's choice (grey 28x28 binary images, the same model), said in chosen.yaml.
-Writes DATASET/chosen.yaml (every setting's score, the choice) and DATASET's study sweep files.
+Writes DATASET/chosen.yaml (every setting's score, the choice) and DATASET's study sweep files:
+every stage after tuning turns eval.diagnostics off (`set:`; it costs ~25% of a round and changes
+nothing trained) except mechanism.yaml, co-distillation's two readings with the diagnostics on;
+PneumoniaMNIST also gets the privacy-utility stage of issue 20 (privacy-off/-shared/-dpsgd.yaml).
 A sweep file that would change after its stage has results files is a problem `mpicd pack` catches
 (it names the file and the differing key); choose.py runs before any of the stages it writes.
 """
@@ -49,6 +52,9 @@ PLACEHOLDER = {
 }
 LOW, HIGH = [0.0, 0.2, 0.4], [0.6, 0.8, 0.9]
 FIVE, TEN = list(range(5)), list(range(10))
+NO_DIAGNOSTICS = {"eval.diagnostics": False}
+EPSILONS = [1, 4, 16]  # issue 20's privacy-utility grid; infinity = privacy-off.yaml
+DELTA = 1e-5
 
 
 def row(entry: dict) -> str:
@@ -142,10 +148,8 @@ def write(dataset: str, chosen: dict, note: str) -> list[str]:
     written = []
     for name, (what, before, after) in sweeps(dataset).items():
         grid = {**before, "algorithm": methods, **after}
-        text = f"# Written by choose.py ({note}; do not edit by hand): {what}, 8 method rows.\n" + yaml.safe_dump(
-            {"config": "base.yaml", "output_dir": f"results/study/{dataset}/{name[:-5]}", "grid": grid},
-            sort_keys=False,
-            width=120,
+        text = f"# Written by choose.py ({note}; do not edit by hand): {what}, 8 method rows.\n" + dump(
+            dataset, name, grid, NO_DIAGNOSTICS
         )
         (HERE / dataset / name).write_text(text)
         written.append(name)
@@ -154,19 +158,71 @@ def write(dataset: str, chosen: dict, note: str) -> list[str]:
         text = (
             f"# Written by choose.py ({note}; do not edit by hand): fairness option, algorithm.term_mean batch "
             "(matching: main-high) for co-distillation's two readings at skew 0.8 x 5 seeds.\n"
-            + yaml.safe_dump(
-                {
-                    "config": "base.yaml",
-                    "output_dir": f"results/study/{dataset}/fairness-termmean",
-                    "grid": {"algorithm": term, "data.skew": [0.8], "seed": FIVE},
-                },
-                sort_keys=False,
-                width=120,
-            )
+            + dump(dataset, "fairness-termmean.yaml", {"algorithm": term, "data.skew": [0.8], "seed": FIVE}, NO_DIAGNOSTICS)
         )
         (HERE / dataset / "fairness-termmean.yaml").write_text(text)
-        written.append("fairness-termmean.yaml")
+        readings = [chosen["algorithm"][n] for n in ("codistill", "codistill-logits")]
+        text = (
+            f"# Written by choose.py ({note}; do not edit by hand): the mechanism (issue 18, item 4), co-distillation's "
+            "two readings with eval.diagnostics on (base.yaml) at skew 0 and 0.8 x 5 seeds (the same runs as the main "
+            "grid's, bit for bit, plus /diag).\n"
+            + dump(dataset, "mechanism.yaml", {"algorithm": readings, "data.skew": [0.0, 0.8], "seed": FIVE}, {})
+        )
+        (HERE / dataset / "mechanism.yaml").write_text(text)
+        written += ["fairness-termmean.yaml", "mechanism.yaml"]
+    if dataset == "pneumoniamnist":
+        written += privacy_sweeps(dataset, chosen, note)
     return written
+
+
+def dump(dataset: str, name: str, grid: dict, pinned: dict) -> str:
+    spec = {"config": "base.yaml", "output_dir": f"results/study/{dataset}/{name[:-5]}"}
+    return yaml.safe_dump({**spec, **({"set": pinned} if pinned else {}), "grid": grid}, sort_keys=False, width=120)
+
+
+def privacy_sweeps(dataset: str, chosen: dict, note: str) -> list[str]:
+    """Issue 20's privacy-utility stage: skew 0.8 x 5 seeds, epsilon per client over the whole run.
+
+    Co-distillation, FedProto, FedDistill: privacy.epsilon alone, so the noise is derived to fit
+    every planned release (README, Differential privacy). FedAvg (DP-SGD) needs an explicit
+    noise multiplier: the smallest sigma (accountant.noise_multiplier, rounded up to 1e-4) that
+    keeps its rounds x ceil(n / batch) steps at q = 1 / ceil(n / batch) within (epsilon, delta),
+    n = 2 x images_per_class, every client's size at any skew. local (epsilon 0) and the methods
+    without privacy (epsilon infinity) are privacy-off.yaml.
+    """
+    import math
+
+    from mpicd.config import load_config
+    from mpicd.privacy import accountant
+
+    base = load_config(HERE / dataset / "base.yaml", [])
+    steps_per_round = math.ceil(2 * base.data.images_per_class / base.train.batch_size)
+    q, steps = 1.0 / steps_per_round, base.rounds * steps_per_round
+    shared = [chosen["algorithm"][n] for n in ("codistill", "fedproto", "feddistill")]
+    cells = {"data.skew": [0.8], "seed": FIVE}
+    sigma = {e: math.ceil(accountant.noise_multiplier(e, DELTA, q, steps) * 1e4) / 1e4 for e in EPSILONS}
+    files = {
+        "privacy-off.yaml": (
+            "privacy-utility stage (issue 20), privacy off: local (releases nothing, epsilon 0) and the private "
+            "methods at epsilon infinity",
+            {"algorithm": [{"name": "local"}, {"name": "fedavg"}, *shared], **cells},
+        ),
+        "privacy-shared.yaml": (
+            f"privacy-utility stage (issue 20), co-distillation, FedProto, FedDistill at epsilon {EPSILONS} "
+            f"(delta {DELTA}, clip 1, q 1, counts noised; sigma derived for every planned release)",
+            {"algorithm": shared, "privacy": [{"epsilon": e} for e in EPSILONS], **cells},
+        ),
+        "privacy-dpsgd.yaml": (
+            f"privacy-utility stage (issue 20), FedAvg with DP-SGD at epsilon {EPSILONS} (delta {DELTA}, clip 1): "
+            f"sigma for {steps} steps at q = 1/{steps_per_round}: "
+            + ", ".join(f"eps {e}: {sigma[e]}" for e in EPSILONS),
+            {"algorithm": [{"name": "fedavg"}], "privacy": [{"epsilon": e, "noise_multiplier": sigma[e]} for e in EPSILONS], **cells},
+        ),
+    }
+    for name, (what, grid) in files.items():
+        text = f"# Written by choose.py ({note}; do not edit by hand): {what}.\n" + dump(dataset, name, grid, NO_DIAGNOSTICS)
+        (HERE / dataset / name).write_text(text)
+    return list(files)
 
 
 def main(argv: list[str]) -> int:

@@ -5,53 +5,79 @@
 #   nohup nice -n 19 bash docs/results/run.sh > study.log 2>&1 &      # from the project root
 # After each stage the tables of what has finished are regenerated (report.sh), so a finished
 # stage can be committed with its tables. Results files: results/study/<dataset>/<stage>/ (never
-# committed). STAGES="c d" bash docs/results/run.sh runs only those stages (still in this order).
+# committed). STAGES="c d" bash docs/results/run.sh runs only those stages (still in this order: a1 p a2 m c d b f e).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 mkdir -p results/study && ps -o pgid= -p $$ | tr -d ' ' > results/study/study.pgid  # for docs/results/pause.sh
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's mpicd, not the venv's editable install
 here=docs/results
-stages=${STAGES:-a b c d e f}
+stages=${STAGES:-a1 p a2 m c d b f e}
 want() { [[ " $stages " == *" $1 "* ]]; }
 ds() { bash "$here/$1/run.sh" "${@:2}"; }
 stage() { echo "== stage $1 ($(date -u +%FT%TZ)): $2"; }
-if want a; then
-  stage a "tuning on the validation split: PneumoniaMNIST, RetinaMNIST (48 runs each)"
+chosen() { [ -f "$here/$1/chosen.yaml" ] || { echo "run.sh: $1's tuning (stage $2) has not finished: no $1/chosen.yaml" >&2; exit 2; }; }
+# Order: PneumoniaMNIST's tuning, then issue 20's privacy-utility stage (PneumoniaMNIST only), then
+# RetinaMNIST's tuning, the mechanism runs, the primary family's main grids (c, d), and the rest.
+if want a1; then
+  stage a1 "tuning on the validation split: PneumoniaMNIST (52 runs)"
   ds pneumoniamnist tune
-  ds retinamnist tune
-  for d in pneumoniamnist retinamnist breastmnist; do .venv/bin/python "$here/choose.py" "$d"; done
+  .venv/bin/python "$here/choose.py" pneumoniamnist
+  .venv/bin/python "$here/choose.py" breastmnist
 fi
-if [ ! -f "$here/pneumoniamnist/chosen.yaml" ] || [ ! -f "$here/retinamnist/chosen.yaml" ]; then
-  echo "run.sh: stage a (tuning) has not finished: no chosen.yaml; the sweep files hold placeholders" >&2
-  exit 2
+if want p; then
+  chosen pneumoniamnist a1
+  stage p "privacy-utility (issue 20): PneumoniaMNIST skew 0.8 x 5 seeds, epsilon 1, 4, 16, infinity (85 runs)"
+  ds pneumoniamnist privacy-off privacy-shared privacy-dpsgd
+  bash "$here/report.sh" || true
+fi
+if want a2; then
+  stage a2 "tuning on the validation split: RetinaMNIST (52 runs)"
+  ds retinamnist tune
+  .venv/bin/python "$here/choose.py" retinamnist
+fi
+if want m; then
+  chosen pneumoniamnist a1
+  chosen retinamnist a2
+  stage m "the mechanism: co-distillation's two readings with the diagnostics, skew 0 and 0.8 (20 runs each)"
+  ds pneumoniamnist mechanism
+  ds retinamnist mechanism
+  bash "$here/report.sh" || true
+fi
+if want c; then
+  chosen retinamnist a2
+  stage c "RetinaMNIST main grid, 4 clients (360 runs)"
+  ds retinamnist main-low main-high
+  bash "$here/report.sh" || true
+fi
+if want d; then
+  chosen pneumoniamnist a1
+  stage d "PneumoniaMNIST main grid, 4 clients (360 runs)"
+  ds pneumoniamnist main-low main-high
+  bash "$here/report.sh" || true
 fi
 if want b; then
+  chosen pneumoniamnist a1
+  chosen retinamnist a2
   stage b "low data at skew 0.6: BreastMNIST 36/class (80 runs), PneumoniaMNIST and RetinaMNIST 25/50/100 (240 each)"
   ds breastmnist lowdata
   ds pneumoniamnist lowdata
   ds retinamnist lowdata
   bash "$here/report.sh" || true
 fi
-if want c; then
-  stage c "RetinaMNIST main grid, 4 clients (360 runs)"
-  ds retinamnist main-low main-high
-  bash "$here/report.sh" || true
-fi
-if want d; then
-  stage d "PneumoniaMNIST main grid, 4 clients (360 runs)"
-  ds pneumoniamnist main-low main-high
-  bash "$here/report.sh" || true
-fi
-if want e; then
-  stage e "6 clients: RetinaMNIST full grid (360 runs), PneumoniaMNIST skew 0.9 (80 runs)"
-  ds retinamnist six-low six-high
-  ds pneumoniamnist six-clients
-  bash "$here/report.sh" || true
-fi
 if want f; then
+  chosen pneumoniamnist a1
+  chosen retinamnist a2
   stage f "fairness options at skew 0.8 x 5 seeds: RetinaMNIST, then PneumoniaMNIST (90 runs each)"
   ds retinamnist fairness-reset fairness-termmean fairness-balanced
   ds pneumoniamnist fairness-reset fairness-termmean fairness-balanced
+  bash "$here/report.sh" || true
+fi
+if want e; then
+  chosen pneumoniamnist a1
+  chosen retinamnist a2
+  stage e "6 clients: RetinaMNIST full grid (360 runs), PneumoniaMNIST skew 0.9 (80 runs)"
+  ds retinamnist six-low six-high
+  ds pneumoniamnist six-clients
   bash "$here/report.sh" || true
 fi
 stage done "every requested stage finished"
