@@ -32,6 +32,7 @@ from mpicd.results import Results  # noqa: E402
 LAST = 10
 DIAG = ("term_grad_share", "r_distance", "cka_teacher")
 STAGES = (
+    "mechanism",  # the only stage with eval.diagnostics on after the tuning
     "lowdata",
     "main-low",
     "main-high",

@@ -4,7 +4,8 @@
 # (last 10 rounds; best-validation round; the training-split audit, --split train), paired
 # comparisons by seed against codistill and local (minority and balanced accuracy, and on the
 # training split), then the mechanism diagnostics (../diagnostics.py). Fairness stages are reported
-# together with the main grid's skew 0.8 seeds 0-4 runs, their keep / matching / ce references.
+# together with the main grid's skew 0.8 seeds 0-4 runs, their keep / matching / ce references. The
+# privacy-utility stage (issue 20) has its own table and plot: ../privacy.py.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's mpicd, not the venv's editable install
@@ -13,8 +14,9 @@ res=results/study/pneumoniamnist
 report() { .venv/bin/python -m mpicd report "$@"; }
 shopt -s nullglob
 declare -A parts=([lowdata]=lowdata [main]="main-low main-high" [six]="six-low six-high six-clients"
-                  [fairness]="fairness-reset fairness-termmean fairness-balanced" [tune]=tune)
-for table in tune lowdata main six fairness; do
+                  [fairness]="fairness-reset fairness-termmean fairness-balanced" [tune]=tune
+                  [mechanism]=mechanism [privacy]="privacy-off privacy-shared privacy-dpsgd")
+for table in tune lowdata main six fairness mechanism; do
   files=()
   for stage in ${parts[$table]}; do files+=("$res/$stage"/*.h5); done
   if ((${#files[@]} == 0)); then echo "report.sh: pneumoniamnist $table: no results files yet" >&2; continue; fi
@@ -44,3 +46,4 @@ for table in tune lowdata main six fairness; do
   } > "$out.md" || echo "report.sh: pneumoniamnist $table: mpicd report failed, see $out.md" >&2
 done
 .venv/bin/python docs/results/diagnostics.py pneumoniamnist || true
+.venv/bin/python docs/results/privacy.py > /dev/null || echo "report.sh: pneumoniamnist privacy: privacy.py failed" >&2

@@ -13,8 +13,9 @@ res=results/study/retinamnist
 report() { .venv/bin/python -m mpicd report "$@"; }
 shopt -s nullglob
 declare -A parts=([lowdata]=lowdata [main]="main-low main-high" [six]="six-low six-high six-clients"
-                  [fairness]="fairness-reset fairness-termmean fairness-balanced" [tune]=tune)
-for table in tune lowdata main six fairness; do
+                  [fairness]="fairness-reset fairness-termmean fairness-balanced" [tune]=tune
+                  [mechanism]=mechanism)
+for table in tune lowdata main six fairness mechanism; do
   files=()
   for stage in ${parts[$table]}; do files+=("$res/$stage"/*.h5); done
   if ((${#files[@]} == 0)); then echo "report.sh: retinamnist $table: no results files yet" >&2; continue; fi
