@@ -10,9 +10,10 @@ Checked, from the file alone:
 * nothing claimed past the end: rows after ``completed_rounds`` hold no data (the row right after
   it may hold a write that a crash interrupted before ``completed_rounds`` moved);
 * bytes: per round and rank, the totals equal the sums over kinds, and each kind equals the
-  algorithm's declared payload (``Algorithm.payloads``; co-distillation's students read from
-  ``/comm/teacher``; in a round where an update was skipped or a privacy budget stopped a client
-  (``/metrics/privacy_stopped``), at most the declared bytes);
+  algorithm's declared payload (its sizes, ``payload_sizes``, agreeing with the file's own
+  ``num_parameters``, ``feature_dim``, ``num_classes`` and ``clients``; ``Algorithm.payloads``;
+  co-distillation's students read from ``/comm/teacher``; in a round where an update was skipped
+  or a privacy budget stopped a client (``/metrics/privacy_stopped``), at most the declared bytes);
 * MPI bytes: per round and rank, ``/comm/bytes_mpi_*`` equal the rank-level declaration
   (``Payload.rank_sent``, the layout from the attr ``client_rank``; files never resumed);
 * participation: a client that sat a round out (``/metrics/participated`` 0) has no training
@@ -182,6 +183,12 @@ def _bytes(verdict: Verdict, res, config: dict, attrs: dict, clients: int, done:
         verdict.problems.append(f"the stored config's algorithm does not resolve: {err}")
         return
     sizes = Sizes(**yaml.safe_load(attrs["payload_sizes"]))
+    for name, attr in (("P", "num_parameters"), ("D", "feature_dim"), ("C", "num_classes"), ("N", "clients")):
+        if attr in attrs and int(attrs[attr]) != getattr(sizes, name):
+            verdict.problems.append(
+                f"payload_sizes declares {name} = {getattr(sizes, name)}, but the file's {attr} is {int(attrs[attr])}: "
+                "the byte declaration does not describe this run"
+            )
     skipped = res.metrics.get("skipped")
     taking = res.metrics.get("participated")
     spent = res.metrics.get("privacy_stopped")  # privacy: a spent client sends nothing, as a skipped one

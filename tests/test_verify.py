@@ -458,6 +458,32 @@ def test_a_file_without_payload_sizes_is_ok_with_a_note(capsys, tmp_path, runs):
     assert (code, problems) == (0, []) and len(notes) == 1 and "payload_sizes" in notes[0], out
 
 
+def with_size(name: str, value_of):
+    def change(f):
+        sizes = yaml.safe_load(f.attrs["payload_sizes"])
+        sizes[name] = value_of(sizes[name])
+        f.attrs.modify("payload_sizes", yaml.safe_dump(sizes, sort_keys=False))
+
+    return change
+
+
+def test_a_declaration_of_another_model_is_named(capsys, tmp_path, runs):
+    # the model's parameter count alone changed: its declaration no longer matches the file's attrs
+    with h5py.File(runs["fedavg"], "r") as f:
+        parameters = int(f.attrs["num_parameters"])
+    path = broken(runs["fedavg"], tmp_path, lambda f: f.attrs.modify("num_parameters", parameters + 1))
+    assert_one_problem(
+        capsys, path, rf"payload_sizes declares P = {parameters}, but the file's num_parameters is {parameters + 1}: .*"
+    )
+    # a declaration of one more parameter: named, and so are the bytes it no longer explains
+    code, problems, _, out = verdict(capsys, broken(runs["fedavg"], tmp_path, with_size("P", lambda p: p + 1), "p.h5"))
+    assert code == 1 and problems[0].startswith(f"payload_sizes declares P = {parameters + 1}, but"), out
+    assert len(problems) > 1, out
+    path = broken(runs["codistill"], tmp_path, with_size("D", lambda d: d * 2), "d.h5")
+    code, problems, _, out = verdict(capsys, path)
+    assert code == 1 and any(p.startswith("payload_sizes declares D = ") for p in problems), out
+
+
 def test_more_completed_rounds_than_rows_is_named(capsys, tmp_path, runs):
     path = broken(runs["codistill"], tmp_path, lambda f: f.attrs.modify("completed_rounds", ROUNDS + 1))
     assert_one_problem(
