@@ -6,8 +6,9 @@ writes OUT_DIR/run.h5 (the results file) and OUT_DIR/model_client<I>.pt (client 
 after the last round: for FedAvg the averaged model every peer receives). The input of the
 membership attack on FedAvg's model (jobs/privacy_audit.py). Why not the checkpoints: a run never
 checkpoints its last round and a complete run removes the others (mpicd.loop). Training is
-mpicd's own code path; this only records each Client as it trains (a wrapper around
-Client.train_round that changes nothing it does) and saves its model once ``mpicd run`` returned 0.
+mpicd's own code path; this only records each Client this rank builds (a wrapper around
+Client.__init__ that changes nothing it does) and saves its model once ``mpicd run`` returned 0
+(one client per rank or several, ``clients_per_rank``).
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from mpicd.client import Client  # noqa: E402
 
 def drive(out: Path, args: list[str]) -> int:
     clients: dict[int, Client] = {}
-    original = Client.train_round
+    original = Client.__init__
 
-    def train_round(self, *rest, **kwargs):
+    def init(self, *rest, **kwargs):
+        original(self, *rest, **kwargs)
         clients[self.index] = self
-        return original(self, *rest, **kwargs)
 
-    Client.train_round = train_round
+    Client.__init__ = init
     code = main(["run", *args, "--out", str(out / "run.h5"), "--overwrite"])
     if code == 0:
         for index, client in sorted(clients.items()):

@@ -20,14 +20,17 @@ teacher's set, the non-members (same class, not in the set) and the reference se
 disjointly from a pool of real images; AUC and TPR at 1% FPR over all trials' candidates.
 With privacy on the attacker knows the mechanism (it clips x and mu_ref with the same C).
 
-Membership inference per method, from what a peer receives (:func:`class_mean_attack`): the same
-score on each method's release as the peer gets it -- co-distillation's R (:func:`peer_mean`),
-FedProto's prototypes and FedDistill's mean logits (:func:`peer_class_means`, one client's payload
-``[sums ; counts]`` turned into sums / counts), each computed by :mod:`.release`'s functions with
-the same generator stream; a candidate of class c is scored against class c's mean, divided by
-the score's spread over the peer's own images (so that classes and trials share one scale). And
-FedAvg's averaged model: the loss-threshold attack (Yeom et al. 2018, "Privacy risk in machine
-learning"; :func:`loss_scores`): training images tend to have a lower loss than unseen ones.
+Membership inference per method, from what a peer receives (:func:`class_mean_attack`), on each
+method's release as the peer gets it -- co-distillation's R (:func:`peer_mean`), FedProto's
+prototypes and FedDistill's mean logits (:func:`peer_class_means`, one client's payload
+``[sums ; counts]`` turned into sums / counts: what a peer of a 2-client run recovers by taking
+its own payload off the Allreduce's sum; with more clients it sees only the others' sum, less),
+each computed by :mod:`.release`'s functions with the same generator stream; a candidate of
+class c is scored against class c's mean by the log likelihood ratio of "one of the count
+images" (:func:`membership_scores`), calibrated on the peer's own images of the class (so that
+classes and trials share one scale). And FedAvg's averaged model: the loss-threshold attack
+(Yeom et al. 2018, "Privacy risk in machine learning"; :func:`loss_scores`): training images
+tend to have a lower loss than unseen ones.
 """
 
 from __future__ import annotations
@@ -256,7 +259,7 @@ def peer_mean(rows, release: Release, generator: np.random.Generator) -> np.ndar
 
 
 def peer_class_means(
-    rows, labels, num_classes: int, release: Release, generator: np.random.Generator
+    rows, labels, num_classes: int, release: Release, generator: np.random.Generator, counts: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """FedProto's prototypes (FedDistill's mean logits, from logit rows) as a peer forms them from
     one client's payload ``[sums (C W) ; counts (C)]`` (float32, :func:`.release.class_sums_payload`):
@@ -265,56 +268,73 @@ def peer_class_means(
     ``PerClassMeans.payload(weighted=True)``); on: the release of
     mpicd.algorithms.aggregate.private_class_payload: a Poisson sample at q
     (:func:`.sampling.poisson_subset`), then :func:`.release.private_class_sums` from the same
-    generator; public counts are q n_c of all the rows."""
+    generator; public counts are q n_c of all the rows. ``counts``: the payload's (C,) counts
+    instead of the mask (zero where the mask is False)."""
     rows, labels = np.asarray(rows, dtype=np.float64), np.asarray(labels, dtype=np.int64)
     width = rows.shape[1]
     if not release.private:
         sums = np.zeros((num_classes, width))
         np.add.at(sums, labels, rows)
-        counts = np.bincount(labels, minlength=num_classes).astype(np.float64)
+        totals = np.bincount(labels, minlength=num_classes).astype(np.float64)
     else:
         taken = poisson_subset(len(rows), release.q, generator)
-        sums, counts = private_class_sums(
+        sums, totals = private_class_sums(
             rows[taken], labels[taken], num_classes, clip=release.clip, sigma=release.sigma,
             generator=generator, noise_counts=release.noised_counts,
         )  # fmt: skip
         if not release.noised_counts:
-            counts = release.q * np.bincount(labels, minlength=num_classes)
-    payload = class_sums_payload(sums, counts)
-    return means_from_sums(payload[: num_classes * width].reshape(num_classes, width), payload[num_classes * width :])
+            totals = release.q * np.bincount(labels, minlength=num_classes)
+    payload = class_sums_payload(sums, totals)
+    received = payload[num_classes * width :].astype(np.float64)
+    means, keep = means_from_sums(payload[: num_classes * width].reshape(num_classes, width), received)
+    return (means, np.where(keep, received, 0.0)) if counts else (means, keep)
 
 
 def codistill_view(release: Release, num_classes: int, expertise: int):
     """``view(rows, labels, generator)`` for :func:`class_mean_attack`: co-distillation's R of the
-    ``expertise`` class (:func:`peer_mean` of the rows of that class), the only class it shares."""
+    ``expertise`` class (:func:`peer_mean` of the rows of that class), the only class it shares;
+    the count the peer knows is the class's n (off) or the public denominator max(q n, 1)."""
 
     def view(rows, labels, generator):
-        means = np.zeros((num_classes, np.shape(rows)[1]))
-        means[expertise] = peer_mean(np.asarray(rows)[np.asarray(labels) == expertise], release, generator)
-        return means, np.arange(num_classes) == expertise
+        rows, labels = np.asarray(rows), np.asarray(labels)
+        n = int((labels == expertise).sum())
+        means, counts = np.zeros((num_classes, rows.shape[1])), np.zeros(num_classes)
+        means[expertise] = peer_mean(rows[labels == expertise], release, generator)
+        counts[expertise] = max(release.q * n, 1.0) if release.private else n
+        return means, counts
 
     return view
 
 
 def class_means_view(release: Release, num_classes: int):
-    """``view(rows, labels, generator)`` for :func:`class_mean_attack`: :func:`peer_class_means`."""
+    """``view(rows, labels, generator)`` for :func:`class_mean_attack`: :func:`peer_class_means`,
+    with the counts of the payload (the peer knows them; 0 for a class it cannot divide by)."""
 
     def view(rows, labels, generator):
-        return peer_class_means(rows, labels, num_classes, release, generator)
+        return peer_class_means(rows, labels, num_classes, release, generator, counts=True)
 
     return view
 
 
-def projection_scores(candidates, reference, shared) -> np.ndarray:
-    """The peer's membership score of each candidate row against a received mean ``shared`` (W,),
-    from its own ``reference`` rows of the class (mean mu, per-coordinate variance s^2):
-    ``(x - mu) . (shared - mu) / s^2`` divided by the standard deviation of the reference rows'
-    own scores, so that scores of different classes and trials are on one scale."""
+def membership_scores(candidates, reference, shared, count: float) -> np.ndarray:
+    """The peer's membership score of each candidate row x against a received mean ``shared`` of
+    ``count`` rows, from its own ``reference`` rows of the class (mean mu, per-coordinate variance
+    s^2): ``(x - mu) . (shared - mu) / s^2 - |x - mu|^2_s / (2 count)``, the log likelihood ratio
+    of "x is one of the count rows" for independent Gaussian coordinates (for a large count the
+    projection of :func:`membership_attack`; for count 1 largest at x = shared), calibrated on the
+    peer's own images: the empirical distribution function of the reference rows' scores at x's
+    (linear between them, 0 below the lowest, 1 above the highest), so that scores of different
+    classes and trials are on one scale."""
     candidates, reference = np.asarray(candidates, dtype=np.float64), np.asarray(reference, dtype=np.float64)
-    centre = reference.mean(axis=0)
-    direction = (np.asarray(shared, dtype=np.float64) - centre) / np.maximum(reference.var(axis=0), 1e-12)
-    spread = float(((reference - centre) @ direction).std())
-    return (candidates - centre) @ direction / (spread if spread > 0 else 1.0)
+    centre, var = reference.mean(axis=0), np.maximum(reference.var(axis=0), 1e-12)
+    direction, weight = (np.asarray(shared, dtype=np.float64) - centre) / var, 1.0 / (2.0 * max(float(count), 1.0))
+
+    def raw(vectors):
+        offset = vectors - centre
+        return offset @ direction - weight * (offset * offset / var).sum(axis=1)
+
+    own = np.sort(raw(reference))
+    return np.interp(raw(candidates), own, (np.arange(len(own)) + 0.5) / len(own), left=0.0, right=1.0)
 
 
 def class_mean_attack(
@@ -328,9 +348,10 @@ def class_mean_attack(
     (seed, PRIVACY, t, 0, ATTACK)): for each class, in order, a permutation of the pool's images of
     that class gives the members, the non-members and the reference; then
     ``view(member rows, member labels, generator)`` -- what the peer receives, ((C, W) means, (C,)
-    mask of classes received) -- draws its sample and noise from the same generator. A candidate
-    of class c gets :func:`projection_scores` against class c's mean (0 if the class was not
-    received); with ``clip`` the peer first clips candidates and reference (it knows the mechanism).
+    counts it knows) -- draws its sample and noise from the same generator. A candidate of class c
+    gets :func:`membership_scores` against class c's mean (0 if the class's count is below 1: the
+    peer cannot divide, :func:`.release.means_from_sums`); with ``clip`` the peer first clips
+    candidates and reference (it knows the mechanism).
     """
     rows, labels = np.asarray(rows, dtype=np.float64), np.asarray(labels, dtype=np.int64)
     members = [int(m) for m in members]
@@ -349,15 +370,15 @@ def class_mean_attack(
             order = pool[generator.permutation(len(pool))] if m else pool[:0]
             split.append((order[:m], order[m : 2 * m], order[2 * m : 2 * m + reference]))
         team = np.concatenate([s[0] for s in split])
-        means, received = view(rows[team], labels[team], generator)
+        means, counts = view(rows[team], labels[team], generator)
         for c, (mine, others, own) in enumerate(split):
             if not len(mine):
                 continue
-            if not received[c]:
+            if not counts[c] >= 1.0:
                 inside.append(np.zeros(len(mine)))
                 outside.append(np.zeros(len(others)))
                 continue
-            scores = projection_scores(candidates[np.concatenate([mine, others])], candidates[own], means[c])
+            scores = membership_scores(candidates[np.concatenate([mine, others])], candidates[own], means[c], counts[c])
             inside.append(scores[: len(mine)])
             outside.append(scores[len(mine) :])
     return attack_success(np.concatenate(inside), np.concatenate(outside))
