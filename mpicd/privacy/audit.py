@@ -19,6 +19,18 @@ variance): members of the teacher's set pull R toward themselves. Per trial the
 teacher's set, the non-members (same class, not in the set) and the reference set are drawn
 disjointly from a pool of real images; AUC and TPR at 1% FPR over all trials' candidates.
 With privacy on the attacker knows the mechanism (it clips x and mu_ref with the same C).
+
+Membership inference per method, from what a peer receives (:func:`class_mean_attack`), on each
+method's release as the peer gets it -- co-distillation's R (:func:`peer_mean`), FedProto's
+prototypes and FedDistill's mean logits (:func:`peer_class_means`, one client's payload
+``[sums ; counts]`` turned into sums / counts: what a peer of a 2-client run recovers by taking
+its own payload off the Allreduce's sum; with more clients it sees only the others' sum, less),
+each computed by :mod:`.release`'s functions with the same generator stream; a candidate of
+class c is scored against class c's mean by the log likelihood ratio of "one of the count
+images" (:func:`membership_scores`), calibrated on the peer's own images of the class (so that
+classes and trials share one scale). And FedAvg's averaged model: the loss-threshold attack
+(Yeom et al. 2018, "Privacy risk in machine learning"; :func:`loss_scores`): training images
+tend to have a lower loss than unseen ones.
 """
 
 from __future__ import annotations
@@ -30,7 +42,8 @@ import numpy as np
 
 from .. import seeds
 from .clip import clip_rows
-from .release import sampled_private_mean
+from .release import class_sums_payload, means_from_sums, private_class_sums, sampled_private_mean
+from .sampling import poisson_subset
 from .streams import ATTACK, AUDIT
 
 
@@ -209,6 +222,193 @@ def membership_attack(
     return attack_success(np.concatenate(inside), np.concatenate(outside))
 
 
+# --- per method: what a peer receives, and the attacks on it ------------------------------------
+
+
+@dataclass(frozen=True)
+class Release:
+    """How a method's statistics reach a peer: exact (``sigma`` None: privacy off, the algorithms
+    as they are without a ``privacy:`` section) or through :mod:`.release` at (q, clip, sigma), the
+    per-class counts noised (std sigma, the default) or public (q n_c)."""
+
+    sigma: float | None = None
+    q: float = 1.0
+    clip: float = 1.0
+    noised_counts: bool = True
+
+    @property
+    def private(self) -> bool:
+        return self.sigma is not None
+
+
+def peer_mean(rows, release: Release, generator: np.random.Generator) -> np.ndarray:
+    """Co-distillation's R as its students receive it, (W,) float32, from the vectors (features or
+    logits) of the n images of the teacher's expertise class. Off: their exact mean (``k: all``);
+    on: :func:`.release.sampled_private_mean` over them at the public denominator max(q n, 1), the
+    mechanism of ``privacy.counts: public`` (the release with a noised count is codistill's own code)."""
+    rows = np.asarray(rows, dtype=np.float64)
+    if not release.private:
+        return rows.mean(axis=0).astype(np.float32)
+    if release.noised_counts:
+        raise ValueError("privacy: the audited R divides by the public q n: pass Release(noised_counts=False)")
+    denominator = max(release.q * len(rows), 1.0)
+    shared = sampled_private_mean(
+        rows, q=release.q, clip=release.clip, sigma=release.sigma, denominator=denominator, generator=generator
+    )
+    return shared.astype(np.float32)
+
+
+def peer_class_means(
+    rows, labels, num_classes: int, release: Release, generator: np.random.Generator, counts: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """FedProto's prototypes (FedDistill's mean logits, from logit rows) as a peer forms them from
+    one client's payload ``[sums (C W) ; counts (C)]`` (float32, :func:`.release.class_sums_payload`):
+    ((C, W) sums / counts, (C,) mask of the classes whose count is >= 1), by
+    :func:`.release.means_from_sums`. Off: the exact sums and counts of all the rows (the payload of
+    ``PerClassMeans.payload(weighted=True)``); on: the release of
+    mpicd.algorithms.aggregate.private_class_payload: a Poisson sample at q
+    (:func:`.sampling.poisson_subset`), then :func:`.release.private_class_sums` from the same
+    generator; public counts are q n_c of all the rows. ``counts``: the payload's (C,) counts
+    instead of the mask (zero where the mask is False)."""
+    rows, labels = np.asarray(rows, dtype=np.float64), np.asarray(labels, dtype=np.int64)
+    width = rows.shape[1]
+    if not release.private:
+        sums = np.zeros((num_classes, width))
+        np.add.at(sums, labels, rows)
+        totals = np.bincount(labels, minlength=num_classes).astype(np.float64)
+    else:
+        taken = poisson_subset(len(rows), release.q, generator)
+        sums, totals = private_class_sums(
+            rows[taken], labels[taken], num_classes, clip=release.clip, sigma=release.sigma,
+            generator=generator, noise_counts=release.noised_counts,
+        )  # fmt: skip
+        if not release.noised_counts:
+            totals = release.q * np.bincount(labels, minlength=num_classes)
+    payload = class_sums_payload(sums, totals)
+    received = payload[num_classes * width :].astype(np.float64)
+    means, keep = means_from_sums(payload[: num_classes * width].reshape(num_classes, width), received)
+    return (means, np.where(keep, received, 0.0)) if counts else (means, keep)
+
+
+def codistill_view(release: Release, num_classes: int, expertise: int):
+    """``view(rows, labels, generator)`` for :func:`class_mean_attack`: co-distillation's R of the
+    ``expertise`` class (:func:`peer_mean` of the rows of that class), the only class it shares;
+    the count the peer knows is the class's n (off) or the public denominator max(q n, 1)."""
+
+    def view(rows, labels, generator):
+        rows, labels = np.asarray(rows), np.asarray(labels)
+        n = int((labels == expertise).sum())
+        means, counts = np.zeros((num_classes, rows.shape[1])), np.zeros(num_classes)
+        means[expertise] = peer_mean(rows[labels == expertise], release, generator)
+        counts[expertise] = max(release.q * n, 1.0) if release.private else n
+        return means, counts
+
+    return view
+
+
+def class_means_view(release: Release, num_classes: int):
+    """``view(rows, labels, generator)`` for :func:`class_mean_attack`: :func:`peer_class_means`,
+    with the counts of the payload (the peer knows them; 0 for a class it cannot divide by)."""
+
+    def view(rows, labels, generator):
+        return peer_class_means(rows, labels, num_classes, release, generator, counts=True)
+
+    return view
+
+
+def membership_scores(candidates, reference, shared, count: float) -> np.ndarray:
+    """The peer's membership score of each candidate row x against a received mean ``shared`` of
+    ``count`` rows, from its own ``reference`` rows of the class (mean mu, per-coordinate variance
+    s^2): ``(x - mu) . (shared - mu) / s^2 - |x - mu|^2_s / (2 count)``, the log likelihood ratio
+    of "x is one of the count rows" for independent Gaussian coordinates (for a large count the
+    projection of :func:`membership_attack`; for count 1 largest at x = shared), calibrated on the
+    peer's own images: the empirical distribution function of the reference rows' scores at x's
+    (linear between them, 0 below the lowest, 1 above the highest), so that scores of different
+    classes and trials are on one scale."""
+    candidates, reference = np.asarray(candidates, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    centre, var = reference.mean(axis=0), np.maximum(reference.var(axis=0), 1e-12)
+    direction, weight = (np.asarray(shared, dtype=np.float64) - centre) / var, 1.0 / (2.0 * max(float(count), 1.0))
+
+    def raw(vectors):
+        offset = vectors - centre
+        return offset @ direction - weight * (offset * offset / var).sum(axis=1)
+
+    own = np.sort(raw(reference))
+    return np.interp(raw(candidates), own, (np.arange(len(own)) + 0.5) / len(own), left=0.0, right=1.0)
+
+
+def class_mean_attack(
+    rows, labels, *, members, reference: int, trials: int, seed: int, view, clip: float | None = None
+) -> AttackResult:
+    """Membership inference by a peer on a release of per-class means, over ``trials`` draws.
+
+    ``rows`` (N, W) and ``labels`` (N,) are the pool of real images' vectors; ``members[c]`` the
+    client's images of class c (its class mix), with as many non-members of each class and
+    ``reference`` images of each class the peer holds. Per trial (stream
+    (seed, PRIVACY, t, 0, ATTACK)): for each class, in order, a permutation of the pool's images of
+    that class gives the members, the non-members and the reference; then
+    ``view(member rows, member labels, generator)`` -- what the peer receives, ((C, W) means, (C,)
+    counts it knows) -- draws its sample and noise from the same generator. A candidate of class c
+    gets :func:`membership_scores` against class c's mean (0 if the class's count is below 1: the
+    peer cannot divide, :func:`.release.means_from_sums`); with ``clip`` the peer first clips
+    candidates and reference (it knows the mechanism).
+    """
+    rows, labels = np.asarray(rows, dtype=np.float64), np.asarray(labels, dtype=np.int64)
+    members = [int(m) for m in members]
+    pools = [np.flatnonzero(labels == c) for c in range(len(members))]
+    for c, (m, pool) in enumerate(zip(members, pools)):
+        if m and 2 * m + reference > len(pool):
+            raise ValueError(
+                f"privacy: the attack needs 2 x {m} + {reference} images of class {c}, the pool has {len(pool)}"
+            )
+    candidates = rows if clip is None else clip_rows(rows, clip)
+    inside, outside = [], []
+    for t in range(int(trials)):
+        generator = seeds.rng(seed, seeds.PRIVACY, t, 0, ATTACK)
+        split = []
+        for m, pool in zip(members, pools):
+            order = pool[generator.permutation(len(pool))] if m else pool[:0]
+            split.append((order[:m], order[m : 2 * m], order[2 * m : 2 * m + reference]))
+        team = np.concatenate([s[0] for s in split])
+        means, counts = view(rows[team], labels[team], generator)
+        for c, (mine, others, own) in enumerate(split):
+            if not len(mine):
+                continue
+            if not counts[c] >= 1.0:
+                inside.append(np.zeros(len(mine)))
+                outside.append(np.zeros(len(others)))
+                continue
+            scores = membership_scores(candidates[np.concatenate([mine, others])], candidates[own], means[c], counts[c])
+            inside.append(scores[: len(mine)])
+            outside.append(scores[len(mine) :])
+    return attack_success(np.concatenate(inside), np.concatenate(outside))
+
+
+def loss_scores(model, x, y, chunk: int = 512) -> np.ndarray:
+    """The loss-threshold attack's score (Yeom et al. 2018): minus each image's cross-entropy under
+    ``model`` (a torch module giving logits; eval mode, no gradient), float64: a model tends to fit
+    its training images better than unseen ones. The model's mode is restored."""
+    import torch
+    import torch.nn.functional as F
+
+    images = torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32))
+    targets = torch.as_tensor(np.asarray(y, dtype=np.int64))
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        losses = [
+            F.cross_entropy(model(images[i : i + chunk]), targets[i : i + chunk], reduction="none")
+            for i in range(0, len(images), chunk)
+        ]
+    model.train(was_training)
+    return -torch.cat(losses).double().numpy()
+
+
+def loss_attack(model, members: tuple, non_members: tuple) -> AttackResult:
+    """:func:`loss_scores` of ``members`` = (images, labels) against ``non_members``: AUC, TPR at 1% FPR."""
+    return attack_success(loss_scores(model, *members), loss_scores(model, *non_members))
+
+
 def lenet_features(
     x: np.ndarray, *, seed: int, feature_dim: int, num_classes: int, fit: tuple | None = None, train_epochs: int = 0
 ) -> np.ndarray:
@@ -216,6 +416,16 @@ def lenet_features(
     initialised as a run initialises its model (seeds.INIT); with ``train_epochs`` > 0 it is first
     trained on ``fit`` = (images, labels) with plain SGD (lr 0.05, batches of 64, order from
     seeds.SHUFFLE), so the features are those of a fitted teacher rather than a random network."""
+    return lenet_outputs(
+        x, seed=seed, feature_dim=feature_dim, num_classes=num_classes, fit=fit, train_epochs=train_epochs
+    )[0]
+
+
+def lenet_outputs(
+    x: np.ndarray, *, seed: int, feature_dim: int, num_classes: int, fit: tuple | None = None, train_epochs: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """((n, D) features, (n, C) logits), float64, of the LeNet of :func:`lenet_features` (the
+    logits are its head on the float32 features, as the model's forward computes them)."""
     import torch
     import torch.nn.functional as F
 
@@ -238,4 +448,6 @@ def lenet_features(
     model.eval()
     images = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     with torch.no_grad():
-        return torch.cat([model.features(images[i : i + 512]) for i in range(0, len(images), 512)]).double().numpy()
+        features = torch.cat([model.features(images[i : i + 512]) for i in range(0, len(images), 512)])
+        logits = model.head(features)
+    return features.double().numpy(), logits.double().numpy()
