@@ -187,19 +187,23 @@ def privacy_sweeps(dataset: str, chosen: dict, note: str) -> list[str]:
     every planned release (README, Differential privacy). FedAvg (DP-SGD) needs an explicit
     noise multiplier: the smallest sigma (accountant.noise_multiplier, rounded up to 1e-4) that
     keeps its rounds x ceil(n / batch) steps at q = 1 / ceil(n / batch) within (epsilon, delta),
-    n = 2 x images_per_class, every client's size at any skew. local (epsilon 0) and the methods
-    without privacy (epsilon infinity) are privacy-off.yaml.
+    n = images_per_class + floor((1 - skew) images_per_class), every client's size at skew 0.8
+    (mpicd.data.partition: 150 of its expertise class, 30 of the other). local (epsilon 0) and the
+    methods without privacy (epsilon infinity) are privacy-off.yaml.
     """
     import math
 
     from mpicd.config import load_config
+    from mpicd.data.partition import kept_after_skew
     from mpicd.privacy import accountant
 
     base = load_config(HERE / dataset / "base.yaml", [])
-    steps_per_round = math.ceil(2 * base.data.images_per_class / base.train.batch_size)
+    per_class, skew = base.data.images_per_class, 0.8
+    size = per_class + kept_after_skew(per_class, skew)  # two classes
+    steps_per_round = math.ceil(size / base.train.batch_size)
     q, steps = 1.0 / steps_per_round, base.rounds * steps_per_round
     shared = [chosen["algorithm"][n] for n in ("codistill", "fedproto", "feddistill")]
-    cells = {"data.skew": [0.8], "seed": FIVE}
+    cells = {"data.skew": [skew], "seed": FIVE}
     sigma = {e: math.ceil(accountant.noise_multiplier(e, DELTA, q, steps) * 1e4) / 1e4 for e in EPSILONS}
     files = {
         "privacy-off.yaml": (
@@ -214,7 +218,7 @@ def privacy_sweeps(dataset: str, chosen: dict, note: str) -> list[str]:
         ),
         "privacy-dpsgd.yaml": (
             f"privacy-utility stage (issue 20), FedAvg with DP-SGD at epsilon {EPSILONS} (delta {DELTA}, clip 1): "
-            f"sigma for {steps} steps at q = 1/{steps_per_round}: "
+            f"sigma for {steps} steps ({size} images a client, batch {base.train.batch_size}) at q = 1/{steps_per_round}: "
             + ", ".join(f"eps {e}: {sigma[e]}" for e in EPSILONS),
             {"algorithm": [{"name": "fedavg"}], "privacy": [{"epsilon": e, "noise_multiplier": sigma[e]} for e in EPSILONS], **cells},
         ),
