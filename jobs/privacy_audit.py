@@ -2,7 +2,7 @@
 
     .venv/bin/python jobs/privacy_audit.py [--data ../shared/data/pneumoniamnist.npz] [--trials 2000]
         [--members 100] [--attack-members 10 100] [--epsilons 1 4 16] [--train-epochs 1] [--seed 0]
-        [--tables canary attack methods] [--method-trials 200] [--fedavg-rounds 10] [--json out.json]
+        [--tables canary attack methods] [--method-trials 200] [--fedavg-rounds 100] [--json out.json]
 
 Features: the project's LeNet (mpicd.models, initialised from seeds.INIT, trained --train-epochs
 epochs of plain SGD on the training split) on real PneumoniaMNIST images read by the project's
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-rate", type=float, default=1.0, help="methods: q of the statistics' releases")
     parser.add_argument("--method-trials", type=int, default=200, help="methods: draws per statistics release")
     parser.add_argument("--reference", type=int, default=300, help="methods: the peer's images of each class")
-    parser.add_argument("--fedavg-rounds", type=int, default=10)
+    parser.add_argument("--fedavg-rounds", type=int, default=100, help="methods: FedAvg run length (the study's)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     start = time.time()
