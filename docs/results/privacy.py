@@ -98,7 +98,7 @@ def main() -> int:
     for method, eps in keys:
         runs = cells[method, eps]
         entry = {
-            "method": LABEL.get(method, method),
+            "method": LABEL.get(method, method) if math.isfinite(eps) and eps > 0 else method,
             "epsilon": eps_text(eps),
             "seeds": len(runs),
             "spent_max": max(r["spent"] for r in runs),
