@@ -99,6 +99,7 @@ def main() -> int:
         runs = cells[method, eps]
         entry = {
             "method": LABEL.get(method, method) if math.isfinite(eps) and eps > 0 else method,
+            "algorithm": method,
             "epsilon": eps_text(eps),
             "seeds": len(runs),
             "spent_max": max(r["spent"] for r in runs),
@@ -168,13 +169,15 @@ def plot(out: list[dict]) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, m in zip(axes, METRICS):
         for e in out:
-            if e["method"] == "local":
+            if e["algorithm"] == "local":
                 ax.axhspan(e[f"{m}_mean"] - e[f"{m}_sd"], e[f"{m}_mean"] + e[f"{m}_sd"], color="grey", alpha=0.2)
                 ax.axhline(e[f"{m}_mean"], color="grey", label="local (ε = 0)")
-        for method in dict.fromkeys(e["method"] for e in out if e["method"] != "local"):
-            points = sorted((where[e["epsilon"]], e[f"{m}_mean"], e[f"{m}_sd"]) for e in out if e["method"] == method)
+        for method in dict.fromkeys(e["algorithm"] for e in out if e["algorithm"] != "local"):
+            points = sorted(
+                (where[e["epsilon"]], e[f"{m}_mean"], e[f"{m}_sd"]) for e in out if e["algorithm"] == method
+            )
             x, y, sd = (np.array(v) for v in zip(*points))
-            ax.errorbar(x, y, yerr=sd, marker="o", capsize=3, label=method)
+            ax.errorbar(x, y, yerr=sd, marker="o", capsize=3, label=LABEL.get(method, method))
         ax.set_xscale("log")
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_xticks(list(where.values()), list(where))
