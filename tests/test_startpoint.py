@@ -552,6 +552,13 @@ def resume_and_compare(out: Path, n: int, run_id: str, reference: Path) -> None:
     assert_same_as(out, reference)
 
 
+def as_in_a_terminal() -> None:
+    """A script started from a terminal has SIGINT at its default; one started in the background of
+    a non-interactive shell (``cmd &``, e.g. a CI runner's) inherits it ignored, and bash cannot
+    trap a signal ignored on entry. Ctrl-C tests start their script with the terminal's default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_of_mpirun_sh_stops_after_a_round_and_resume_completes(tmp_path, reference):
     out, log = tmp_path / "run.h5", tmp_path / "run.log"
     with open(log, "w") as output:
@@ -562,6 +569,7 @@ def test_ctrl_c_of_mpirun_sh_stops_after_a_round_and_resume_completes(tmp_path, 
             stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=as_in_a_terminal,
         )
     wait_for(proc, log, "round    2/")
     os.kill(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does to the script
@@ -614,6 +622,7 @@ def test_ctrl_c_of_a_sweep_stops_it_and_the_rerun_resumes_and_completes(tmp_path
             stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=as_in_a_terminal,
         )
     wait_for(proc, log, "round    2/")
     os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches its whole foreground process group
