@@ -7,7 +7,6 @@ attack's code path.
 
 from __future__ import annotations
 
-import json
 import math
 
 import h5py
@@ -15,16 +14,15 @@ import numpy as np
 import pytest
 import torch
 
+from privacy_context import context, private_settings
 from conftest import QUICKSTART, ROOT, mpiexec, require_pneumonia
 from mpicd import seeds
 from mpicd.algorithms import resolve
 from mpicd.algorithms.aggregate import PerClassMeans, private_class_payload
-from mpicd.algorithms.base import Context
 from mpicd.algorithms.codistill import CoDistillation
 from mpicd.config import load_config
 from mpicd.models import build_model
 from mpicd.privacy import audit
-from mpicd.privacy.budget import Budget, settings
 from mpicd.privacy.streams import ATTACK
 
 
@@ -74,23 +72,6 @@ def test_loss_attack_by_hand():
 
 
 # --- the views are what the algorithms send ----------------------------------------------------
-
-
-def context(privacy, seed=3, n=64, width=8):
-    torch.manual_seed(0)
-    model = build_model("mlp", (30,), 2, width, 16)
-    x = torch.randn(n, 30) * 5
-    y = torch.arange(n) % 2
-    budget = None if privacy is None else Budget(privacy, seed, 1)
-    ctx = Context(
-        None, model, torch.device("cpu"), seed, 2, np.array([0, 1]), x, y, client=1, owner=np.zeros(2), privacy=budget
-    )
-    return ctx, model, x, y
-
-
-def private_settings(**section):
-    cfg = load_config(QUICKSTART, ["privacy=" + json.dumps({"noise_multiplier": 3.0, "sample_rate": 0.5, **section})])
-    return settings(cfg.privacy, 10)
 
 
 def rows_of(outputs, model, x) -> np.ndarray:

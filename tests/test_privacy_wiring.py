@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import torch
 
+from privacy_context import context, private_settings
 from conftest import DRIVERS, QUICKSTART, mpicd_run, mpiexec
 from mpicd import seeds
-from mpicd.algorithms import Context, resolve
+from mpicd.algorithms import resolve
 from mpicd.algorithms.aggregate import private_class_payload
 from mpicd.algorithms.codistill import CoDistillation
 from mpicd.config import ConfigError, load_config, to_mapping
-from mpicd.models import build_model
 from mpicd.plan import prepare
 from mpicd.privacy.budget import Budget, settings
 from mpicd.results import Results
@@ -105,23 +105,6 @@ def test_a_codistill_budget_that_can_run_out_is_refused_with_several_clients_per
 
 
 # --- one release, redrawn by hand ------------------------------------------------------------
-
-
-def context(privacy, seed=3, n=64, width=8):
-    torch.manual_seed(0)
-    model = build_model("mlp", (30,), 2, width, 16)
-    x = torch.randn(n, 30) * 5
-    y = torch.arange(n) % 2
-    budget = Budget(privacy, seed, 1)
-    ctx = Context(
-        None, model, torch.device("cpu"), seed, 2, np.array([0, 1]), x, y, client=1, owner=np.zeros(2), privacy=budget
-    )
-    return ctx, model, x, y
-
-
-def private_settings(**section):
-    cfg = load_config(QUICKSTART, ["privacy=" + json.dumps({"noise_multiplier": 3.0, "sample_rate": 0.5, **section})])
-    return settings(cfg.privacy, 10)
 
 
 @pytest.mark.parametrize("counts", ["noised", "public"])
