@@ -139,11 +139,11 @@ def canary_table(args, pool: np.ndarray, test_features: np.ndarray, sigmas: dict
                                        tpr=bound.tpr, fpr=bound.fpr, trials=bound.trials))  # fmt: skip
     print(f"\nCanary audit of one release of R (|D| = {args.members} or empty, C = {args.clip}, delta = {args.delta}, "
           f"{args.trials} releases per neighbour, bound on the second half, 95% Clopper-Pearson):\n")  # fmt: skip
-    print("| q | D | sigma | accounted eps | empirical eps (lower bound) | TPR | FPR |")
-    print("|---|---|---|---|---|---|---|")
-    for r in audit_rows:
-        print(f"| {r['q']:g} | {r['D']} | {r['sigma']:.3f} | {r['accounted']:.3f} | {r['empirical']:.3f} | "
-              f"{r['tpr']:.3f} | {r['fpr']:.3f} |")  # fmt: skip
+    table(
+        ["q", "D", "sigma", "accounted eps", "empirical eps (lower bound)", "TPR", "FPR"],
+        [[f"{r['q']:g}", r["D"], *(f"{r[k]:.3f}" for k in ("sigma", "accounted", "empirical", "tpr", "fpr"))]
+         for r in audit_rows],
+    )  # fmt: skip
     return audit_rows
 
 
@@ -165,11 +165,11 @@ def attack_table(args, pool: np.ndarray, sigmas: dict) -> list[dict]:
             attack_rows.append(dict(members=m, privacy="on", q=q, sigma=sigma, accounted=accounted, **vars_of(on)))
     print(f"\nMembership inference on R by a peer (m members, as many non-members, 300 reference "
           f"images, {args.attack_trials} trials):\n")  # fmt: skip
-    print("| m | privacy | q | sigma | accounted eps (one release) | AUC | TPR at 1% FPR |")
-    print("|---|---|---|---|---|---|---|")
-    for r in attack_rows:
-        print(f"| {r['members']} | {r['privacy']} | {r['q']:g} | {r['sigma']:.3f} | {r['accounted']:.3f} | {r['auc']:.3f} | "
-              f"{r['tpr_at_1pct_fpr']:.3f} |")  # fmt: skip
+    table(
+        ["m", "privacy", "q", "sigma", "accounted eps (one release)", "AUC", "TPR at 1% FPR"],
+        [[str(r["members"]), r["privacy"], f"{r['q']:g}",
+          *(f"{r[k]:.3f}" for k in ("sigma", "accounted", "auc", "tpr_at_1pct_fpr"))] for r in attack_rows],
+    )  # fmt: skip
     return attack_rows
 
 
@@ -222,13 +222,21 @@ def methods_table(args, ds, features: np.ndarray, logits: np.ndarray, sigmas: di
           f"{', '.join(f'{m} of class {c}' for c, m in enumerate(counts))}; statistics: "
           f"{args.method_trials} draws, {args.reference} reference images per class, q = {q:g}, C = {args.clip}; "
           f"FedAvg: {args.fedavg_rounds} rounds, loss threshold; delta = {args.delta}):\n")  # fmt: skip
-    print("| method | a peer receives | privacy | sigma | accounted eps | eps is per | AUC | TPR at 1% FPR |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in method_rows:
-        privacy = "off" if r["target"] == math.inf else f"eps = {r['target']:g}"
-        print(f"| {r['method']} | {r['shared']} | {privacy} | {r['sigma']:.3f} | {r['accounted']:.3f} | {r['per']} | "
-              f"{r['auc']:.3f} | {r['tpr_at_1pct_fpr']:.3f} |")  # fmt: skip
+    table(
+        ["method", "a peer receives", "privacy", "sigma", "accounted eps", "eps is per", "AUC", "TPR at 1% FPR"],
+        [[r["method"], r["shared"], "off" if r["target"] == math.inf else f"eps = {r['target']:g}",
+          f"{r['sigma']:.3f}", f"{r['accounted']:.3f}", r["per"], f"{r['auc']:.3f}", f"{r['tpr_at_1pct_fpr']:.3f}"]
+         for r in method_rows],
+    )  # fmt: skip
     return method_rows
+
+
+def table(columns: list[str], rows: list[list[str]]) -> None:
+    """One markdown table on stdout."""
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
 
 
 def fedavg_rows(args, plan) -> list[dict]:
