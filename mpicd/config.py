@@ -330,11 +330,15 @@ ADDED_LATER: dict[str, tuple[str | tuple[str, ...] | None, Any]] = {
 }
 
 
+def _applies(algorithms: str | tuple[str, ...] | None, name) -> bool:
+    """An ``ADDED_LATER`` entry's algorithm(s) (None: every algorithm) include ``name``."""
+    return algorithms is None or name in ((algorithms,) if isinstance(algorithms, str) else algorithms)
+
+
 def with_added_keys(flat: dict) -> dict:
     """A flat (dotted) config plus the ``ADDED_LATER`` keys it lacks, at their older-version values."""
     name = flat.get("algorithm.name")
-    applies = lambda algorithm: algorithm is None or name in ((algorithm,) if isinstance(algorithm, str) else algorithm)  # noqa: E731
-    return {**{k: v for k, (algorithm, v) in ADDED_LATER.items() if applies(algorithm)}, **flat}
+    return {**{k: v for k, (algorithms, v) in ADDED_LATER.items() if _applies(algorithms, name)}, **flat}
 
 
 def config_difference(saved: dict, current: dict, saved_as: str, current_as: str) -> str | None:
