@@ -40,9 +40,14 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     check.add_argument("config", help="YAML config file")
     check.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
     report = argparse.ArgumentParser(
-        prog="mpicd report", description="tables (mean ± sd over seeds) and plots from results files"
+        prog="mpicd report", description="tables (mean ± sd over seeds) and plots from results files and runs ledgers"
     )
-    report.add_argument("files", nargs="+", help="results files (.h5)")
+    report.add_argument(
+        "files",
+        nargs="+",
+        help="results files (.h5) and runs ledgers (.jsonl, written by mpicd ledger: every run they hold, "
+        "for --last 10 or --select best-val only); each run once",
+    )
     report.add_argument(
         "--last", type=int, metavar="N", help="score each run over its last N completed rounds (default 1)"
     )
