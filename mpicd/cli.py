@@ -1,4 +1,5 @@
-"""Command line: ``mpicd run | check | config | report | sweep | pack | verify | bench``; parsing and exit codes only."""
+"""Command line: ``mpicd run | check | config | report | sweep | pack | ledger | verify | bench``; parsing and exit
+codes only."""
 
 from __future__ import annotations
 
@@ -124,6 +125,14 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
         "mpirun -n M mpicd pack SWEEP (groups of each run's client count)",
     )
     pack.add_argument("sweep", help="sweep YAML: config, output_dir, grid")
+    ledger = argparse.ArgumentParser(
+        prog="mpicd ledger",
+        description="write the scores of a sweep's finished runs into its runs ledger (JSON lines, for git): "
+        "mpicd report reads it and sweeps skip the runs it holds",
+    )
+    ledger.add_argument(
+        "sweep", help="sweep YAML; the ledger is its key ledger, default <sweep file without .yaml>.runs.jsonl"
+    )
     config = argparse.ArgumentParser(
         prog="mpicd config",
         description="print the default config: every key "
@@ -182,6 +191,7 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
         "report": report,
         "sweep": sweep,
         "pack": pack,
+        "ledger": ledger,
         "verify": verify,
         "bench": bench,
     }
@@ -210,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         "report": report,
         "sweep": sweep,
         "pack": pack,
+        "ledger": ledger,
         "verify": verify,
         "bench": bench,
     }
@@ -246,6 +257,18 @@ def pack(args: argparse.Namespace) -> int:
     from .pack import main
 
     return main(args.sweep)
+
+
+def ledger(args: argparse.Namespace) -> int:
+    from .sweep import write_ledger
+
+    try:
+        done = write_ledger(args.sweep)
+    except ConfigError as err:
+        print(f"mpicd: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(done.line())
+    return 0
 
 
 def check(args: argparse.Namespace) -> int:
