@@ -231,9 +231,12 @@ def update(ledger: str | Path, result_paths: Iterable[str | Path]) -> Update:
         added += 1
     text = "".join(_line(entries[name]) + "\n" for name in sorted(entries))
     if not ledger.exists() or ledger.read_text() != text:
-        temporary = ledger.with_name(f".{ledger.name}.{os.getpid()}.tmp")
-        temporary.write_text(text)
-        os.replace(temporary, ledger)
+        temporary = ledger.with_name(f".{ledger.name}.{os.getpid()}.tmp")  # beside it: os.replace is atomic
+        try:
+            temporary.write_text(text)
+            os.replace(temporary, ledger)
+        finally:
+            temporary.unlink(missing_ok=True)  # a failed write (a full disk) leaves the ledger as it was
     return Update(added, kept, skipped)
 
 
