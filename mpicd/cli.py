@@ -1,4 +1,5 @@
-"""Command line: ``mpicd run | check | config | report | sweep | pack | verify | bench``; parsing and exit codes only."""
+"""Command line: ``mpicd run | check | config | report | sweep | pack | ledger | verify | bench``; parsing and exit
+codes only."""
 
 from __future__ import annotations
 
@@ -40,9 +41,14 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     check.add_argument("config", help="YAML config file")
     check.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
     report = argparse.ArgumentParser(
-        prog="mpicd report", description="tables (mean ± sd over seeds) and plots from results files"
+        prog="mpicd report", description="tables (mean ± sd over seeds) and plots from results files and runs ledgers"
     )
-    report.add_argument("files", nargs="+", help="results files (.h5)")
+    report.add_argument(
+        "files",
+        nargs="+",
+        help="results files (.h5) and runs ledgers (.jsonl, written by mpicd ledger: every run they hold, "
+        "for --last 10 or --select best-val only); each run once",
+    )
     report.add_argument(
         "--last", type=int, metavar="N", help="score each run over its last N completed rounds (default 1)"
     )
@@ -119,6 +125,14 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
         "mpirun -n M mpicd pack SWEEP (groups of each run's client count)",
     )
     pack.add_argument("sweep", help="sweep YAML: config, output_dir, grid")
+    ledger = argparse.ArgumentParser(
+        prog="mpicd ledger",
+        description="write the scores of a sweep's finished runs into its runs ledger (JSON lines, for git): "
+        "mpicd report reads it and sweeps skip the runs it holds",
+    )
+    ledger.add_argument(
+        "sweep", help="sweep YAML; the ledger is its key ledger, default <sweep file without .yaml>.runs.jsonl"
+    )
     config = argparse.ArgumentParser(
         prog="mpicd config",
         description="print the default config: every key "
@@ -177,6 +191,7 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
         "report": report,
         "sweep": sweep,
         "pack": pack,
+        "ledger": ledger,
         "verify": verify,
         "bench": bench,
     }
@@ -205,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         "report": report,
         "sweep": sweep,
         "pack": pack,
+        "ledger": ledger,
         "verify": verify,
         "bench": bench,
     }
@@ -241,6 +257,18 @@ def pack(args: argparse.Namespace) -> int:
     from .pack import main
 
     return main(args.sweep)
+
+
+def ledger(args: argparse.Namespace) -> int:
+    from .sweep import write_ledger
+
+    try:
+        done = write_ledger(args.sweep)
+    except ConfigError as err:
+        print(f"mpicd: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(done.line())
+    return 0
 
 
 def check(args: argparse.Namespace) -> int:

@@ -2,7 +2,9 @@
 
 The same numbering serves a workstation (``jobs/sweep.sh`` runs them one after another) and a
 Slurm job array (``slurm/sweep.sbatch``: array index = run index). A run whose results file
-already holds all its rounds counts as done, so an interrupted sweep resumes where it stopped.
+already holds all its rounds counts as done, so an interrupted sweep resumes where it stopped;
+so does a run the sweep's runs ledger holds (``mpicd ledger``: the scores of finished runs, kept in
+git when the results files are gone with their machine).
 
 A sweep file::
 
@@ -14,6 +16,7 @@ A sweep file::
       seed: [0, 1, 2]
     set:                                 # optional: the same overrides for every run, not in names
       eval.diagnostics: false
+    ledger: sweep.runs.jsonl             # optional, relative to the sweep file; this is the default
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import yaml
 from .algorithms import resolve
 from .config import ConfigError, config_difference, inline, load_config, to_mapping
 from .durations import duration
+from .report.ledger import held, update
+from .report.runs import ReportError
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class SweepRun:
     rounds: int
     output: Path
     resolved: dict | None = field(default=None, compare=False, repr=False)  # as the results file stores it
+    ledger: Path | None = field(default=None, compare=False, repr=False)  # the sweep's runs ledger (.jsonl)
 
 
 def _label(key: str, value) -> str:
@@ -52,10 +58,10 @@ def load_sweep(path: str | Path) -> list[SweepRun]:
     if not path.is_file():
         raise ConfigError("", f"sweep file {str(path)!r} does not exist")
     spec = yaml.safe_load(path.read_text()) or {}
-    unknown = set(spec) - {"config", "output_dir", "grid", "set"}
+    unknown = set(spec) - {"config", "output_dir", "grid", "set", "ledger"}
     if unknown:
         raise ConfigError(
-            sorted(unknown)[0], f"unknown key in sweep file {path} (known: config, output_dir, grid, set)"
+            sorted(unknown)[0], f"unknown key in sweep file {path} (known: config, output_dir, grid, set, ledger)"
         )
     if "config" not in spec or not isinstance(spec.get("grid"), dict) or not spec["grid"]:
         raise ConfigError("grid", f"sweep file {path} needs 'config' and a non-empty 'grid' mapping")
@@ -71,6 +77,10 @@ def load_sweep(path: str | Path) -> list[SweepRun]:
     for key in fixed:
         if key in spec["grid"]:
             raise ConfigError(f"set.{key}", f"is also a grid key in {path}: give it in one place")
+    ledger = spec.get("ledger", f"{path.stem}.runs.jsonl")
+    if not isinstance(ledger, str) or not ledger.endswith(".jsonl") or ledger == ".jsonl":
+        raise ConfigError("ledger", f"must be a file name ending in .jsonl (relative to the sweep file) in {path}")
+    ledger = path.parent / ledger
     pinned = tuple(f"{k}={inline(v)}" for k, v in fixed.items())
     runs = []
     for index, values in enumerate(itertools.product(*(spec["grid"][k] for k in keys))):
@@ -83,7 +93,7 @@ def load_sweep(path: str | Path) -> list[SweepRun]:
         name = "_".join(_label(k, v) for k, v in zip(keys, values))
         resolved = {**to_mapping(config), "algorithm": {"name": cls.name, **to_mapping(params)}}  # as Plan's
         out = output_dir / f"{index:04d}_{name}.h5"
-        runs.append(SweepRun(index, base, overrides, config.clients, config.rounds, out, resolved))
+        runs.append(SweepRun(index, base, overrides, config.clients, config.rounds, out, resolved, ledger))
     return runs
 
 
@@ -98,14 +108,20 @@ def progress(finished: int, failed: int, total: int, elapsed: float, run_seconds
 
 
 def is_done(run: SweepRun) -> bool:
-    """The results file exists and holds every round of this run's config.
+    """The results file exists and holds every round of this run's config, or the sweep's runs
+    ledger holds the run (its output's name) with this config.
 
     A complete file made with another config (the sweep file changed since; output names carry
     only the grid's labels, e.g. ``algorithm=codistill`` for any lambda) raises ConfigError naming
     the file and the first differing key: it is neither skipped as done nor silently overwritten
-    (a file older than a key of ``config.ADDED_LATER`` counts as that version's behaviour).
+    (a file older than a key of ``config.ADDED_LATER`` counts as that version's behaviour); so
+    does a ledger entry of another config, naming the ledger.
     An incomplete one is left to the run, whose resume refuses a checkpoint of another config.
     """
+    return _file_done(run) or _ledgered(run)
+
+
+def _file_done(run: SweepRun) -> bool:
     import h5py
 
     try:
@@ -123,3 +139,56 @@ def is_done(run: SweepRun) -> bool:
                 "move it away, or restore the sweep file",
             )
     return complete
+
+
+def _ledgered(run: SweepRun) -> bool:
+    if run.ledger is None:
+        return False
+    try:
+        entry = held(run.ledger).get(run.output.stem)  # read once per sweep: again only when it changed
+    except ReportError as err:
+        raise ConfigError("ledger", str(err)) from None
+    if entry is None:
+        return False
+    if run.resolved is not None:
+        difference = config_difference(entry["config"], run.resolved, "the ledger", "the sweep")
+        if difference is not None:
+            raise ConfigError(
+                "ledger",
+                f"{run.ledger} holds run {run.output.stem} of another config ({difference}): "
+                "remove its line from the ledger, or restore the sweep file",
+            )
+    return True
+
+
+@dataclass(frozen=True)
+class Ledgered:
+    """What ``mpicd ledger`` did to a sweep's ledger."""
+
+    ledger: Path
+    added: int  # records new or changed
+    unchanged: int  # runs the ledger holds as they were (whether their results file is there or not)
+    missing: int  # runs neither finished nor ledgered
+    total: int
+
+    def line(self) -> str:
+        return (
+            f"ledger: {self.ledger}: {self.added} added, {self.unchanged} unchanged, "
+            f"{self.missing} incomplete or absent (of {self.total} runs)"
+        )
+
+
+def write_ledger(sweep_path: str | Path) -> Ledgered:
+    """Add the sweep's finished results files to its runs ledger (``ledger.update``); a complete
+    file or a ledger entry of another config than the sweep's raises ConfigError, as in is_done."""
+    runs = load_sweep(sweep_path)
+    finished = [r for r in runs if _file_done(r)]
+    ledger = runs[0].ledger
+    try:
+        tally = update(ledger, [r.output for r in finished])
+    except ReportError as err:
+        raise ConfigError("ledger", str(err)) from None
+    names = {r.output for r in finished}
+    without_file = sum(1 for r in runs if r.output not in names and _ledgered(r))
+    unchanged = tally.kept + without_file
+    return Ledgered(ledger, tally.added, unchanged, len(runs) - tally.added - unchanged, len(runs))

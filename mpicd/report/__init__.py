@@ -15,6 +15,10 @@ A run that stopped early (``completed_rounds < rounds``) is excluded unless aske
 Besides those scores every run has one per class, ``recall:<class name>`` (e.g. ``recall:malignant``,
 the names of the file's attr ``class_names``): the mean over clients of that class's test recall
 (/metrics/recall), scored by the same rule, for ``--versus-metric``.
+
+A runs ledger (``.jsonl``, :mod:`mpicd.report.ledger`) stands in for the results files it was
+written from: it holds each finished run's scores in the views last 10 rounds and best-validation
+round, so a report of those views needs no .h5 file.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from __future__ import annotations
 from .runs import (
     Cell,
     check_metric,
-    collect,
     DEGENERATE,
     distinguishing,
     fmt,
@@ -38,6 +41,7 @@ from .runs import (
     SPLITS,
     summarize,
 )
+from .sources import collect
 from .stats import mean_sd, Paired, t_quantile, versus
 from .tables import cell_rows, cell_table, render, rule, Setting, settings, skew_table, versus_table
 from .export import write_csv, write_versus_csv

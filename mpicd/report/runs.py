@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import degenerate
 from ..config import OPERATIONAL_KEYS, with_added_keys
-from ..results import Results, ResultsFileError
+from ..results import Results
 
 
 SCORES = ("minority_acc", "balanced_acc", "test_acc")
@@ -236,42 +236,6 @@ def _mpi_bytes(res) -> tuple[int, float]:
         done = res.completed_rounds
         moved = f["comm/bytes_mpi_sent"][:done].sum() + f["comm/bytes_mpi_recv"][:done].sum()
     return ranks, float(moved / 2 / ranks / max(done, 1))
-
-
-def collect(
-    paths: Iterable[str | Path],
-    last: int = 1,
-    select: str = "last",
-    include_incomplete: bool = False,
-    split: str = "test",
-) -> tuple[list[RunSummary], list[str]]:
-    """Score every file; returns (runs kept, one line per incomplete run excluded or included)."""
-    kept, notes = [], []
-    for path in paths:
-        try:
-            res = Results(path)
-            planned = _planned(res)
-        except ResultsFileError as err:
-            raise ReportError(str(err)) from None
-        except (KeyError, ValueError, TypeError) as err:  # the attribute rounds is not a number
-            raise ReportError(f"{path}: not a readable mpicd results file ({err})") from None
-        if res.completed_rounds < planned:
-            if not include_incomplete:
-                notes.append(f"excluded: {path} ({res.completed_rounds}/{planned} rounds)")
-                continue
-            notes.append(f"included although incomplete: {path} ({res.completed_rounds}/{planned} rounds)")
-        try:
-            kept.append(summarize(res, last, select, split))
-            if kept[-1].single_class:
-                notes.append(
-                    f"warning: {path}: "
-                    + degenerate.warning(list(kept[-1].single_class), kept[-1].clients, degenerate.LAST_ROUNDS)
-                )
-        except ReportError:
-            raise
-        except (KeyError, ValueError, TypeError, IndexError, AttributeError) as err:  # a foreign layout
-            raise ReportError(f"{path}: not a readable mpicd results file ({type(err).__name__}: {err})") from None
-    return kept, notes
 
 
 def group(summaries: Iterable[RunSummary]) -> dict[Cell, list[RunSummary]]:
