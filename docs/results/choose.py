@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpicd.results import Results  # noqa: E402
+from mpicd.report.ledger import load  # noqa: E402
 from mpicd.sweep import load_sweep  # noqa: E402
 
 LAST = 10
@@ -62,18 +62,25 @@ def row(entry: dict) -> str:
     return entry["name"] + ("-logits" if entry.get("share") == "logits" else "")
 
 
-def val_score(path: Path) -> float:
-    res = Results(path)
-    if res.completed_rounds != res.attrs["rounds"]:
-        raise SystemExit(f"{path}: only {res.completed_rounds}/{res.attrs['rounds']} rounds; finish the tuning first")
-    return float(res.metrics["val_balanced_acc"][-LAST:].mean())
+def val_score(ledger: dict, run) -> float:
+    """The run's validation balanced accuracy (mean over clients and the last 10 rounds), read from
+    the tuning sweep's runs ledger (tune.runs.jsonl; ``mpicd ledger`` writes it after the sweep)."""
+    entry = ledger.get(run.output.stem)
+    if entry is None:
+        raise SystemExit(f"{run.output.stem}: not in the tuning ledger (unfinished?); finish the tuning first")
+    value = entry.get("last10", {}).get("metrics/val_balanced_acc")
+    if value is None:
+        raise SystemExit(f"{run.output.stem}: the ledger holds no validation score (a ledger older than last10?)")
+    return float(value)
 
 
 def tune(dataset: str) -> dict:
     by_setting = defaultdict(list)
-    for run in load_sweep(HERE / dataset / "tune.yaml"):
+    runs = load_sweep(HERE / dataset / "tune.yaml")
+    ledger = load(runs[0].ledger) if runs[0].ledger.exists() else {}
+    for run in runs:
         entry = yaml.safe_load(run.overrides[0].split("=", 1)[1])
-        by_setting[yaml.safe_dump(entry, default_flow_style=True).strip()].append(val_score(run.output))
+        by_setting[yaml.safe_dump(entry, default_flow_style=True).strip()].append(val_score(ledger, run))
     best: dict[str, tuple[dict, float]] = {}
     for setting, values in sorted(by_setting.items()):
         entry, score = yaml.safe_load(setting), float(np.mean(values))
@@ -158,7 +165,9 @@ def write(dataset: str, chosen: dict, note: str) -> list[str]:
         text = (
             f"# Written by choose.py ({note}; do not edit by hand): fairness option, algorithm.term_mean batch "
             "(matching: main-high) for co-distillation's two readings at skew 0.8 x 5 seeds.\n"
-            + dump(dataset, "fairness-termmean.yaml", {"algorithm": term, "data.skew": [0.8], "seed": FIVE}, NO_DIAGNOSTICS)
+            + dump(
+                dataset, "fairness-termmean.yaml", {"algorithm": term, "data.skew": [0.8], "seed": FIVE}, NO_DIAGNOSTICS
+            )
         )
         (HERE / dataset / "fairness-termmean.yaml").write_text(text)
         readings = [chosen["algorithm"][n] for n in ("codistill", "codistill-logits")]
@@ -220,11 +229,17 @@ def privacy_sweeps(dataset: str, chosen: dict, note: str) -> list[str]:
             f"privacy-utility stage (issue 20), FedAvg with DP-SGD at epsilon {EPSILONS} (delta {DELTA}, clip 1): "
             f"sigma for {steps} steps ({size} images a client, batch {base.train.batch_size}) at q = 1/{steps_per_round}: "
             + ", ".join(f"eps {e}: {sigma[e]}" for e in EPSILONS),
-            {"algorithm": [{"name": "fedavg"}], "privacy": [{"epsilon": e, "noise_multiplier": sigma[e]} for e in EPSILONS], **cells},
+            {
+                "algorithm": [{"name": "fedavg"}],
+                "privacy": [{"epsilon": e, "noise_multiplier": sigma[e]} for e in EPSILONS],
+                **cells,
+            },
         ),
     }
     for name, (what, grid) in files.items():
-        text = f"# Written by choose.py ({note}; do not edit by hand): {what}.\n" + dump(dataset, name, grid, NO_DIAGNOSTICS)
+        text = f"# Written by choose.py ({note}; do not edit by hand): {what}.\n" + dump(
+            dataset, name, grid, NO_DIAGNOSTICS
+        )
         (HERE / dataset / name).write_text(text)
     return list(files)
 

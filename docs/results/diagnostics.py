@@ -8,6 +8,8 @@ of /diag/term_grad_share (the extra term's share of the gradient norm), /diag/r_
 /diag/cka_teacher (linear CKA with its teacher's features on 64 validation images); then mean and
 sd over the seeds of each cell (a cell as in `mpicd report`: the config minus seed and operational
 keys). The share of the *loss* (train_extra / train_loss, from /metrics) is given beside it.
+Read from the stages' runs ledgers (DATASET/<stage>.runs.jsonl: report.sh writes them from the
+results files), so the table outlives the machine the runs were made on.
 Writes DATASET/diagnostics.md and DATASET/diagnostics.csv.
 """
 
@@ -15,11 +17,9 @@ from __future__ import annotations
 
 import csv
 import sys
-import warnings
 from collections import defaultdict
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
@@ -27,7 +27,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mpicd.report.runs import Cell, _label, distinguishing  # noqa: E402
-from mpicd.results import Results  # noqa: E402
+from mpicd.report.ledger import load  # noqa: E402
 
 LAST = 10
 DIAG = ("term_grad_share", "r_distance", "cka_teacher")
@@ -45,19 +45,16 @@ STAGES = (
 )
 
 
-def run_values(path: Path) -> tuple[Cell, int, dict[str, float]] | None:
-    res = Results(path)
-    done = res.completed_rounds
-    if done < int(res.attrs["rounds"]):
-        return None
-    lo = max(0, done - LAST)
-    with h5py.File(path, "r") as f, warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN: the method has no such quantity
-        values = {k: float(np.nanmean(f[f"diag/{k}"][lo:done])) if f"diag/{k}" in f else float("nan") for k in DIAG}
-        extra = np.asarray(res.metrics["train_extra"][lo:done], dtype=float)
-        loss = np.asarray(res.metrics["train_loss"][lo:done], dtype=float)
-        values["loss_share"] = float(np.nanmean(extra / np.where(loss == 0, np.nan, loss)))
-    return Cell.of(res.config), int(res.config["seed"]), values
+def run_values(entry: dict) -> tuple[Cell, int, dict[str, float]]:
+    """One ledger entry's diagnostics: the ledger's last-10 means (NaN entries left out)."""
+    means = entry.get("last10", {})
+    values = {k: means.get(f"diag/{k}") for k in DIAG}
+    values["loss_share"] = means.get("metrics/train_extra_share")
+    return (
+        Cell.of(entry["config"]),
+        int(entry["seed"]),
+        {k: float("nan") if v is None else v for k, v in values.items()},
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -65,7 +62,6 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     dataset = argv[0]
-    results = ROOT / "results" / "study" / dataset
     lines = [
         f"# {dataset}: mechanism diagnostics (eval.diagnostics), written by diagnostics.py",
         "",
@@ -76,14 +72,13 @@ def main(argv: list[str]) -> int:
     ]
     rows = []
     for stage in STAGES:
-        paths = sorted((results / stage).glob("*.h5"))
-        if not paths:
+        ledger = HERE / dataset / f"{stage}.runs.jsonl"
+        if not ledger.exists():
             continue
         by_cell: dict[Cell, list[dict]] = defaultdict(list)
-        for p in paths:
-            got = run_values(p)
-            if got is not None:
-                by_cell[got[0]].append(got[2])
+        for entry in load(ledger).values():
+            got = run_values(entry)
+            by_cell[got[0]].append(got[2])
         cells = [c for c in by_cell if c.method not in ("local", "fedavg", "centralized")]
         if not cells:
             continue
@@ -110,7 +105,10 @@ def main(argv: list[str]) -> int:
             rows.append(entry)
             lines.append(f"| {entry['cell']} | {len(runs)} | " + " | ".join(shown) + " |")
     if not rows:
-        print(f"diagnostics.py: {dataset}: no finished runs with an extra term yet under {results}", file=sys.stderr)
+        print(
+            f"diagnostics.py: {dataset}: no finished runs with an extra term yet in {HERE / dataset}/*.runs.jsonl",
+            file=sys.stderr,
+        )
         return 0
     (HERE / dataset / "diagnostics.md").write_text("\n".join(lines) + "\n")
     with open(HERE / dataset / "diagnostics.csv", "w", newline="") as f:

@@ -2,7 +2,8 @@
 
     python docs/results/privacy.py        # pneumoniamnist/report.sh runs it
 
-Reads results/study/pneumoniamnist/privacy-{off,shared,dpsgd}/*.h5 (PneumoniaMNIST, 4 clients,
+Reads the stage's runs ledgers, pneumoniamnist/privacy-{off,shared,dpsgd}.runs.jsonl (report.sh
+writes them from results/study/pneumoniamnist/privacy-*/*.h5; PneumoniaMNIST, 4 clients,
 150 images per class, skew 0.8, seeds 0-4). Per run: test minority and balanced accuracy, the mean
 over clients averaged over the last 10 rounds (mpicd.report's rule), the largest epsilon any
 client had spent after the last round (/metrics/epsilon; local releases nothing: 0; privacy off:
@@ -20,14 +21,13 @@ import math
 import sys
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpicd.report.runs import summarize  # noqa: E402
+from mpicd.report.ledger import load, summaries  # noqa: E402
 from mpicd.report.stats import t_quantile  # noqa: E402
 
 LAST = 10
@@ -37,32 +37,38 @@ ORDER = ("local", "codistill", "fedproto", "feddistill", "fedavg")
 LABEL = {"fedavg": "fedavg (DP-SGD)"}
 
 
-def run_row(path: Path) -> dict | None:
-    summary = summarize(path, last=LAST)
-    if summary.rounds < summary.planned_rounds:
-        return None
-    cell = summary.cell
-    method = cell.method
-    target = cell.get("privacy.epsilon")
-    with h5py.File(path, "r") as f:
-        spent = float(np.nanmax(f["metrics/epsilon"][summary.rounds - 1])) if "metrics/epsilon" in f else math.nan
-        stopped = f["metrics/privacy_stopped"][summary.rounds - 1] if "metrics/privacy_stopped" in f else []
-        stopped_clients = int(np.sum(np.asarray(stopped) > 0))
-    private = isinstance(target, (int, float)) and not isinstance(target, bool)
-    epsilon = float(target) if private else (0.0 if method == "local" else math.inf)
-    if not private:
-        spent = epsilon
-    return {
-        "method": method,
-        "epsilon": epsilon,
-        "seed": summary.seed,
-        "spent": spent,
-        "stopped": stopped_clients,
-        "bytes": summary.mpi_bytes_per_round,
-        "collapsed": summary.collapsed,
-        **{m: float(summary.scores[m]) for m in METRICS},
-        "path": str(path),
-    }
+def run_rows(ledger: Path) -> list[dict]:
+    """One row per finished run of a ledger: scores as mpicd.report scores them (last 10 rounds),
+    the budget spent and the clients stopped at the last round (the ledger's ``final``)."""
+    entries = load(ledger)
+    rows = []
+    for summary in summaries(ledger, LAST, "last", "test"):
+        entry = entries[str(summary.path).rpartition("#")[2]]
+        cell = summary.cell
+        method = cell.method
+        target = cell.get("privacy.epsilon")
+        final = entry.get("final", {})
+        spent_by_client = [v for v in final.get("metrics/epsilon", []) if v is not None]
+        spent = max(spent_by_client) if spent_by_client else math.nan
+        stopped_clients = sum(1 for v in final.get("metrics/privacy_stopped", []) if v is not None and v > 0)
+        private = isinstance(target, (int, float)) and not isinstance(target, bool)
+        epsilon = float(target) if private else (0.0 if method == "local" else math.inf)
+        if not private:
+            spent = epsilon
+        rows.append(
+            {
+                "method": method,
+                "epsilon": epsilon,
+                "seed": summary.seed,
+                "spent": spent,
+                "stopped": stopped_clients,
+                "bytes": summary.mpi_bytes_per_round,
+                "collapsed": summary.collapsed,
+                **{m: float(summary.scores[m]) for m in METRICS},
+                "path": f"{ledger.name}#{entry['name']}",
+            }
+        )
+    return rows
 
 
 def paired(values: dict[int, float], reference: dict[int, float]) -> tuple[float, float, float, int]:
@@ -84,8 +90,8 @@ def eps_text(e: float) -> str:
 
 
 def main() -> int:
-    root = ROOT / "results" / "study" / "pneumoniamnist"
-    rows = [r for stage in STAGES for p in sorted((root / stage).glob("*.h5")) if (r := run_row(p)) is not None]
+    ledgers = [HERE / "pneumoniamnist" / f"{stage}.runs.jsonl" for stage in STAGES]
+    rows = [r for ledger in ledgers if ledger.exists() for r in run_rows(ledger)]
     if not rows:
         print("privacy.py: no finished privacy-stage runs yet", file=sys.stderr)
         return 0

@@ -30,7 +30,6 @@ sys.path.insert(0, str(ROOT))
 
 from mpicd.report import ReportError, collect, group, versus  # noqa: E402
 
-RESULTS = ROOT / "results" / "study"
 ALPHA = 0.05
 SKEWS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9)
 REFS = ("fedavg", "fedproto", "feddistill", "fedamp", "local")
@@ -53,7 +52,7 @@ def pairs(
     key: str = "data.skew",
 ) -> dict:
     """(reference, value of key) -> diffs of codistill(share) minus reference, paired by seed."""
-    paths = sorted(p for s in stages for p in (RESULTS / dataset / s).glob("*.h5"))
+    paths = [p for s in stages if (p := HERE / dataset / f"{s}.runs.jsonl").exists()]  # the runs ledgers
     if not paths:
         return {}
     runs, _ = collect(paths, 1 if select == "best-val" else 10, select, split=split)

@@ -118,12 +118,57 @@ def record(path: str | Path | Results) -> dict:
         "mpi_bytes_per_round": _number(s.mpi_bytes_per_round),
         "views": views,
         "curves": {m: [None if math.isnan(v) else float(f"{v:.6g}") for v in s.curves[m]] for m in SCORES},
+        **_per_round(res),
     }
     try:
         _line(entry)
     except (TypeError, ValueError) as err:  # a config value JSON cannot hold (inf, a date...)
         raise ReportError(f"{res.path}: its config cannot be written as JSON ({err})") from None
     return entry
+
+
+FINAL = ("metrics/epsilon", "metrics/privacy_stopped")
+"""Per-round datasets whose last round the ledger keeps per client (the privacy budget spent, and
+from which round a client stopped sharing): what a privacy table reads off a finished run."""
+
+
+def _per_round(res: Results) -> dict:
+    """``last10``: for every numeric (round, client) dataset of /metrics and /diag, the mean over
+    the last 10 completed rounds and the clients (NaN entries left out; null if all are NaN), with
+    ``metrics/train_extra_share`` = that mean of train_extra / train_loss (the term's share of the
+    loss); timings (``*_seconds``, not reproducible) and bytes (in bytes_per_round) left out.
+    ``final``: the FINAL datasets' last completed round, per client. What the study's tuning,
+    mechanism and privacy tables read besides the scores (docs/results)."""
+    import h5py
+
+    done = res.completed_rounds
+    lo = max(0, done - VIEWS["last10"][0])
+    means, final = {}, {}
+    with h5py.File(res.path, "r") as f:
+        for group in ("metrics", "diag"):
+            for name, data in f[group].items() if group in f else ():
+                key = f"{group}/{name}"
+                if (
+                    data.ndim != 2
+                    or data.dtype.kind not in "fiu"
+                    or name.endswith("_seconds")
+                    or name.startswith("bytes_")
+                ):
+                    continue
+                values = np.asarray(data[lo:done], dtype=float)
+                means[key] = _mean(values)
+                if key in FINAL:
+                    final[key] = [_number(v) for v in np.asarray(data[done - 1], dtype=float)]
+        if "metrics/train_extra" in f and "metrics/train_loss" in f:
+            extra = np.asarray(f["metrics/train_extra"][lo:done], dtype=float)
+            loss = np.asarray(f["metrics/train_loss"][lo:done], dtype=float)
+            means["metrics/train_extra_share"] = _mean(extra / np.where(loss == 0, np.nan, loss))
+    return {"last10": dict(sorted(means.items())), "final": final}
+
+
+def _mean(values: np.ndarray) -> float | None:
+    finite = values[~np.isnan(values)]
+    return _number(finite.mean()) if finite.size else None
 
 
 def _line(entry: dict) -> str:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# breastmnist's tables (Markdown and CSV) and plots from its results files (results/study/breastmnist/); run from
+# breastmnist's tables (Markdown and CSV) and plots from its stages' runs ledgers (breastmnist/<stage>.runs.jsonl,
+# committed: first brought up to date from the results files in results/study/breastmnist/, where there are any); run from
 # anywhere. A stage without finished files yet is skipped and said so. For every stage: the cells
 # (last 10 rounds; best-validation round; the training-split audit, --split train), paired
 # comparisons by seed against codistill and local (minority and balanced accuracy, and on the
@@ -12,13 +13,24 @@ here=docs/results/breastmnist
 res=results/study/breastmnist
 report() { .venv/bin/python -m mpicd report "$@"; }
 shopt -s nullglob
+# the ledgers first: every finished run's scores, in git (a new machine has no results files)
+for sweep in "$here"/*.yaml; do
+  stage=$(basename "$sweep" .yaml)
+  case "$stage" in base|chosen) continue ;; esac
+  files=("$res/$stage"/*.h5)
+  if ((${#files[@]})); then .venv/bin/python -m mpicd ledger "$sweep"; fi
+done
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 declare -A parts=([lowdata]=lowdata [main]="main-low main-high" [six]="six-low six-high six-clients"
                   [fairness]="fairness-reset fairness-termmean fairness-balanced" [tune]=tune)
 for table in tune lowdata main six fairness; do
   files=()
-  for stage in ${parts[$table]}; do files+=("$res/$stage"/*.h5); done
-  if ((${#files[@]} == 0)); then echo "report.sh: breastmnist $table: no results files yet" >&2; continue; fi
-  if [ "$table" = fairness ]; then files+=("$res"/main-high/*_skew=0.8_seed=[0-4].h5); fi
+  for stage in ${parts[$table]}; do if [ -f "$here/$stage.runs.jsonl" ]; then files+=("$here/$stage.runs.jsonl"); fi; done
+  if ((${#files[@]} == 0)); then echo "report.sh: breastmnist $table: no finished runs yet" >&2; continue; fi
+  if [ "$table" = fairness ] && [ -f "$here/main-high.runs.jsonl" ]; then  # the references: skew 0.8, seeds 0-4
+    grep -E '^\{"name":"[0-9]+_[^"]*_skew=0\.8_seed=[0-4]"' "$here/main-high.runs.jsonl" > "$tmp/main-high-skew0.8-seeds0-4.runs.jsonl" || true
+    files+=("$tmp/main-high-skew0.8-seeds0-4.runs.jsonl")
+  fi
   out="$here/$table"
   {
     echo "# breastmnist, $table (${parts[$table]}); written by report.sh"

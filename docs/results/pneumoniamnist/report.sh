@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# pneumoniamnist's tables (Markdown and CSV) and plots from its results files (results/study/pneumoniamnist/); run from
+# pneumoniamnist's tables (Markdown and CSV) and plots from its stages' runs ledgers (pneumoniamnist/<stage>.runs.jsonl,
+# committed: first brought up to date from the results files in results/study/pneumoniamnist/, where there are any); run from
 # anywhere. A stage without finished files yet is skipped and said so. For every stage: the cells
 # (last 10 rounds; best-validation round; the training-split audit, --split train), paired
 # comparisons by seed against codistill and local (minority and balanced accuracy, and on the
@@ -13,14 +14,25 @@ here=docs/results/pneumoniamnist
 res=results/study/pneumoniamnist
 report() { .venv/bin/python -m mpicd report "$@"; }
 shopt -s nullglob
+# the ledgers first: every finished run's scores, in git (a new machine has no results files)
+for sweep in "$here"/*.yaml; do
+  stage=$(basename "$sweep" .yaml)
+  case "$stage" in base|chosen) continue ;; esac
+  files=("$res/$stage"/*.h5)
+  if ((${#files[@]})); then .venv/bin/python -m mpicd ledger "$sweep"; fi
+done
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 declare -A parts=([lowdata]=lowdata [main]="main-low main-high" [six]="six-low six-high six-clients"
                   [fairness]="fairness-reset fairness-termmean fairness-balanced" [tune]=tune
                   [mechanism]=mechanism [privacy]="privacy-off privacy-shared privacy-dpsgd")
 for table in tune lowdata main six fairness mechanism; do
   files=()
-  for stage in ${parts[$table]}; do files+=("$res/$stage"/*.h5); done
-  if ((${#files[@]} == 0)); then echo "report.sh: pneumoniamnist $table: no results files yet" >&2; continue; fi
-  if [ "$table" = fairness ]; then files+=("$res"/main-high/*_skew=0.8_seed=[0-4].h5); fi
+  for stage in ${parts[$table]}; do if [ -f "$here/$stage.runs.jsonl" ]; then files+=("$here/$stage.runs.jsonl"); fi; done
+  if ((${#files[@]} == 0)); then echo "report.sh: pneumoniamnist $table: no finished runs yet" >&2; continue; fi
+  if [ "$table" = fairness ] && [ -f "$here/main-high.runs.jsonl" ]; then  # the references: skew 0.8, seeds 0-4
+    grep -E '^\{"name":"[0-9]+_[^"]*_skew=0\.8_seed=[0-4]"' "$here/main-high.runs.jsonl" > "$tmp/main-high-skew0.8-seeds0-4.runs.jsonl" || true
+    files+=("$tmp/main-high-skew0.8-seeds0-4.runs.jsonl")
+  fi
   out="$here/$table"
   {
     echo "# pneumoniamnist, $table (${parts[$table]}); written by report.sh"
