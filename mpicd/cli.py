@@ -387,7 +387,7 @@ def sweep(args: argparse.Namespace) -> int:
 def _sweep_answer(args: argparse.Namespace, runs: list, chosen: int | None) -> int:
     import shlex
 
-    from .sweep import is_done
+    from .sweep import done_in, is_done
 
     if args.pending:
         print("\n".join(str(r.index) for r in runs if not is_done(r)))
@@ -402,8 +402,10 @@ def _sweep_answer(args: argparse.Namespace, runs: list, chosen: int | None) -> i
         return 0 if done else 1
     else:
         for r in runs:
+            where = done_in(r)
+            held = f"  (in {r.ledger} only: no complete results file)" if where == "ledger" else ""
             print(
-                f"{r.index:>4}  ranks {r.ranks:>3}  {'done   ' if is_done(r) else 'pending'}  {r.output}  "
-                f"{' '.join(r.overrides)}"
+                f"{r.index:>4}  ranks {r.ranks:>3}  {'done   ' if where else 'pending'}  {r.output}  "
+                f"{' '.join(r.overrides)}{held}"
             )
     return 0

@@ -118,7 +118,15 @@ def is_done(run: SweepRun) -> bool:
     does a ledger entry of another config, naming the ledger.
     An incomplete one is left to the run, whose resume refuses a checkpoint of another config.
     """
-    return _file_done(run) or _ledgered(run)
+    return done_in(run) is not None
+
+
+def done_in(run: SweepRun) -> str | None:
+    """Where the run is done: "file" (its complete results file), "ledger" (only the sweep's runs
+    ledger holds it: the file is gone or incomplete), or None (pending); errors as :func:`is_done`."""
+    if _file_done(run):
+        return "file"
+    return "ledger" if _ledgered(run) else None
 
 
 def _file_done(run: SweepRun) -> bool:

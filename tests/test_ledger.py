@@ -225,6 +225,7 @@ def test_pack_skips_ledgered_runs_and_refuses_a_ledger_of_another_config(study, 
     written = mpicd_cli("ledger", str(sweep))
     path = tmp_path / "sweep.runs.jsonl"
     assert written.stdout.strip() == f"ledger: {path}: 2 added, 0 unchanged, 0 incomplete or absent (of 2 runs)"
+    assert "only: no complete results file" not in mpicd_cli("sweep", str(sweep)).stdout  # the files are there
     for run in runs:
         run.output.unlink()
     assert mpicd_cli("ledger", str(sweep)).stdout.strip() == (
@@ -238,6 +239,7 @@ def test_pack_skips_ledgered_runs_and_refuses_a_ledger_of_another_config(study, 
     listed = mpicd_cli("sweep", str(sweep))
     assert listed.returncode == 0, listed.stderr
     assert [line.split()[3] for line in listed.stdout.splitlines()] == ["done", "done"]
+    assert all(line.endswith(f"(in {path} only: no complete results file)") for line in listed.stdout.splitlines())
     assert mpicd_cli("sweep", str(sweep), "--pending").stdout.strip() == ""
 
     write_sweep(tmp_path, [{"name": "codistill", "lambda": 0.5}])
