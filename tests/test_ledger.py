@@ -134,6 +134,8 @@ def test_last10_means_and_final_values_are_the_files_datasets_averaged_by_hand(s
     assert means["metrics/train_extra_share"] == pytest.approx(sum(shares) / 19, rel=1e-12)
     assert means["metrics/epsilon"] == pytest.approx(sum(0.75 * (r + 1) for r in range(2, 12)) / 20, rel=1e-12)
     assert entry["final"] == {"metrics/epsilon": [6.0, 3.0], "metrics/privacy_stopped": [0.0, 3.0]}
+    with h5py.File(copy, "r") as f:  # the CPU model its ranks ran on: bit-identical files need the same
+        assert entry["cpu"] == sorted({c.decode() for c in f["placement/cpu"][()]}) and entry["cpu"][0]
     assert not any(
         k.endswith("_seconds") or k.startswith("metrics/bytes_") for k in means
     )  # not reproducible / elsewhere

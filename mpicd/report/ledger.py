@@ -137,7 +137,8 @@ def _per_round(res: Results) -> dict:
     the last 10 completed rounds and the clients (NaN entries left out; null if all are NaN), with
     ``metrics/train_extra_share`` = that mean of train_extra / train_loss (the term's share of the
     loss); timings (``*_seconds``, not reproducible) and bytes (in bytes_per_round) left out.
-    ``final``: the FINAL datasets' last completed round, per client. What the study's tuning,
+    ``final``: the FINAL datasets' last completed round, per client. ``cpu``: the CPU models its
+    ranks ran on (/placement/cpu: bit-identical files need the same one). What the study's tuning,
     mechanism and privacy tables read besides the scores (docs/results)."""
     import h5py
 
@@ -163,7 +164,12 @@ def _per_round(res: Results) -> dict:
             extra = np.asarray(f["metrics/train_extra"][lo:done], dtype=float)
             loss = np.asarray(f["metrics/train_loss"][lo:done], dtype=float)
             means["metrics/train_extra_share"] = _mean(extra / np.where(loss == 0, np.nan, loss))
-    return {"last10": dict(sorted(means.items())), "final": final}
+        cpus = (
+            sorted({c.decode() if isinstance(c, bytes) else str(c) for c in f["placement/cpu"][()]})
+            if "placement/cpu" in f
+            else []
+        )
+    return {"last10": dict(sorted(means.items())), "final": final, "cpu": cpus}
 
 
 def _mean(values: np.ndarray) -> float | None:
