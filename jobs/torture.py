@@ -542,6 +542,8 @@ class Torture:
                     )
                     return False
                 overwrite = True
+                if plan.kind is not None:  # refused before anything ran: the kill is still to come
+                    self.queue.insert(0, plan.kind)
                 continue
             if plan.kind in ("in_write", "in_checkpoint"):
                 killed = injected
