@@ -55,4 +55,5 @@ if [ ${#failed[@]} -gt 0 ]; then
   echo "failed runs: ${failed[*]}" >&2
   exit 1
 fi
-echo "sweep complete: mpicd report $(dirname "$(mpicd sweep "$sweep" --args 0 | awk '{print $NF}')")/*.h5"
+echo "sweep complete: tables with mpicd report $(dirname "$(mpicd sweep "$sweep" --args 0 | awk '{print $NF}')")/*.h5;" \
+     "mpicd ledger $sweep keeps every finished run's scores in its runs ledger (for git; mpicd report reads it too)"

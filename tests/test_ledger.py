@@ -141,6 +141,26 @@ def test_last10_means_and_final_values_are_the_files_datasets_averaged_by_hand(s
     )  # not reproducible / elsewhere
 
 
+def test_diag_curves_are_the_per_round_client_means_of_diag_to_4_digits(study, tmp_path):
+    """/diag as eval.diagnostics writes it, (round, client), NaN where a client had no teacher:
+    each round's mean over the clients that have a value, null where none has, to 4 significant digits."""
+    _, _, outputs = study
+    assert "diag_curves" not in ledger.record(outputs[0])  # diagnostics off: nothing claimed
+    copy = shutil.copy(outputs[0], tmp_path / "diag.h5")
+    cka = np.full((12, 2), np.nan)
+    cka[0] = [0.9, 0.7]  # mean 0.8
+    cka[1] = [0.123456, np.nan]  # one client: 0.1235 to 4 digits
+    cka[11] = [0.33333, 0.0]  # mean 0.166665 -> 0.1667
+    with h5py.File(copy, "r+") as f:  # eval.diagnostics was off: /diag is there, all NaN
+        assert np.isnan(f["diag/cka_teacher"][()]).all()
+        f["diag/cka_teacher"][...] = cka
+    entry = ledger.record(copy)
+    curve = entry["diag_curves"]["cka_teacher"]
+    assert curve[:2] == [0.8, 0.1235] and curve[11] == 0.1667
+    assert curve[2:11] == [None] * 9
+    assert entry["last10"]["diag/cka_teacher"] == pytest.approx((0.33333 + 0.0) / 2, rel=1e-12)  # rounds 3-12
+
+
 def test_a_view_the_ledger_does_not_hold_is_refused_naming_the_views_held(study):
     _, path, _ = study
     for how in (("--last", "5"), ()):  # no --last: the last round alone

@@ -30,8 +30,11 @@ from mpicd.report.runs import Cell, _label, distinguishing  # noqa: E402
 from mpicd.report.ledger import load  # noqa: E402
 
 LAST = 10
+OVER_RUN = (1, 2, 5, 10, 20, 50, 100)
+"""The rounds at which the over-the-run table shows each diagnostic (from the ledger's diag_curves)."""
 DIAG = ("term_grad_share", "r_distance", "cka_teacher")
 STAGES = (
+    "tune",  # stage a: diagnostics on, lambda varies
     "mechanism",  # the only stage with eval.diagnostics on after the tuning
     "lowdata",
     "main-low",
@@ -57,6 +60,21 @@ def run_values(entry: dict) -> tuple[Cell, int, dict[str, float]]:
     )
 
 
+def over_the_run(entries: list[dict], name: str) -> list[str]:
+    """One cell's diagnostic ``name`` at the OVER_RUN rounds: mean ± sd over the seeds whose ledger
+    entry has diag_curves (written from the results file; "–" where none has a value)."""
+    curves = [e["diag_curves"][name] for e in entries if name in e.get("diag_curves", {})]
+    shown = []
+    for r in OVER_RUN:
+        v = np.array([c[r - 1] for c in curves if len(c) >= r and c[r - 1] is not None], dtype=float)
+        if not len(v):
+            shown.append("–")
+        else:
+            sd = f"{v.std(ddof=1):.2f}" if len(v) > 1 else "–"
+            shown.append(f"{v.mean():.2f} ± {sd}")
+    return shown
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
@@ -76,9 +94,11 @@ def main(argv: list[str]) -> int:
         if not ledger.exists():
             continue
         by_cell: dict[Cell, list[dict]] = defaultdict(list)
+        entries_of: dict[Cell, list[dict]] = defaultdict(list)
         for entry in load(ledger).values():
             got = run_values(entry)
             by_cell[got[0]].append(got[2])
+            entries_of[got[0]].append(entry)
         cells = [c for c in by_cell if c.method not in ("local", "fedavg", "centralized")]
         if not cells:
             continue
@@ -104,6 +124,20 @@ def main(argv: list[str]) -> int:
                 shown.append("–" if mean is None else f"{mean:.3f} ± {sd:.3f}")
             rows.append(entry)
             lines.append(f"| {entry['cell']} | {len(runs)} | " + " | ".join(shown) + " |")
+        with_curves = [c for c in sorted(cells, key=Cell.sort_key) if any("diag_curves" in e for e in entries_of[c])]
+        for name in DIAG if with_curves else ():
+            lines += [
+                "",
+                f"{stage}: {name} over the run (mean ± sd over seeds, at round):",
+                "",
+                "| cell | n | " + " | ".join(str(r) for r in OVER_RUN) + " |",
+                "|---|---|" + "---|" * len(OVER_RUN),
+            ]
+            for cell in with_curves:
+                entries = [e for e in entries_of[cell] if "diag_curves" in e]
+                lines.append(
+                    f"| {_label(cell, keys)} | {len(entries)} | " + " | ".join(over_the_run(entries, name)) + " |"
+                )
     if not rows:
         print(
             f"diagnostics.py: {dataset}: no finished runs with an extra term yet in {HERE / dataset}/*.runs.jsonl",

@@ -137,14 +137,16 @@ def _per_round(res: Results) -> dict:
     the last 10 completed rounds and the clients (NaN entries left out; null if all are NaN), with
     ``metrics/train_extra_share`` = that mean of train_extra / train_loss (the term's share of the
     loss); timings (``*_seconds``, not reproducible) and bytes (in bytes_per_round) left out.
-    ``final``: the FINAL datasets' last completed round, per client. ``cpu``: the CPU models its
+    ``final``: the FINAL datasets' last completed round, per client. ``diag_curves`` (runs with
+    eval.diagnostics only: /diag not all NaN): each diagnostic per completed round, mean over clients (NaN left out, null if all
+    are), to 4 significant digits: how alignment evolves over a run. ``cpu``: the CPU models its
     ranks ran on (/placement/cpu: bit-identical files need the same one). What the study's tuning,
     mechanism and privacy tables read besides the scores (docs/results)."""
     import h5py
 
     done = res.completed_rounds
     lo = max(0, done - VIEWS["last10"][0])
-    means, final = {}, {}
+    means, final, diag_curves = {}, {}, {}
     with h5py.File(res.path, "r") as f:
         for group in ("metrics", "diag"):
             for name, data in f[group].items() if group in f else ():
@@ -160,6 +162,9 @@ def _per_round(res: Results) -> dict:
                 means[key] = _mean(values)
                 if key in FINAL:
                     final[key] = [_number(v) for v in np.asarray(data[done - 1], dtype=float)]
+                rounds = np.asarray(data[:done], dtype=float)
+                if group == "diag" and not np.isnan(rounds).all():  # eval.diagnostics off: all NaN, no curve
+                    diag_curves[name] = [_rounded(_mean(row), 4) for row in rounds]
         if "metrics/train_extra" in f and "metrics/train_loss" in f:
             extra = np.asarray(f["metrics/train_extra"][lo:done], dtype=float)
             loss = np.asarray(f["metrics/train_loss"][lo:done], dtype=float)
@@ -169,7 +174,12 @@ def _per_round(res: Results) -> dict:
             if "placement/cpu" in f
             else []
         )
-    return {"last10": dict(sorted(means.items())), "final": final, "cpu": cpus}
+    curves = {"diag_curves": dict(sorted(diag_curves.items()))} if diag_curves else {}
+    return {"last10": dict(sorted(means.items())), "final": final, **curves, "cpu": cpus}
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else float(f"{value:.{digits}g}")
 
 
 def _mean(values: np.ndarray) -> float | None:
