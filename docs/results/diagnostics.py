@@ -36,6 +36,7 @@ DIAG = ("term_grad_share", "r_distance", "cka_teacher")
 STAGES = (
     "tune",  # stage a: diagnostics on, lambda varies
     "mechanism",  # the only stage with eval.diagnostics on after the tuning
+    "mechanism-control",  # lambda 0: local training's alignment, the baseline
     "lowdata",
     "main-low",
     "main-high",

@@ -28,7 +28,7 @@ done
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 declare -A parts=([lowdata]=lowdata [main]="main-low main-high" [six]="six-low six-high six-clients"
                   [fairness]="fairness-reset fairness-termmean fairness-balanced" [tune]=tune
-                  [mechanism]=mechanism [privacy]="privacy-off privacy-shared privacy-dpsgd")
+                  [mechanism]="mechanism mechanism-control" [privacy]="privacy-off privacy-shared privacy-dpsgd")
 for table in tune lowdata main six fairness mechanism; do
   files=()
   for stage in ${parts[$table]}; do if [ -f "$here/$stage.runs.jsonl" ]; then files+=("$here/$stage.runs.jsonl"); fi; done
