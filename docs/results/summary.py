@@ -177,7 +177,42 @@ def secondary() -> list[str]:
                     )
                     + " |"
                 )
+    out += audit()
     return out
+
+
+def audit() -> list[str]:
+    """The memorisation question in one table: each codistill-minus-reference comparison's
+    unadjusted verdict on the test split next to the same pair scored on the clients' own training
+    images (eval.train_split), and how many comparisons change verdict."""
+    out = [
+        "",
+        "## Does scoring on the training images (the paper's suspected way) change codistill's standing?",
+        "",
+    ]
+    rows, changed, total = [], 0, 0
+    for dataset in PRIMARY:
+        main = ("main-low", "main-high")
+        for share in ("features", "logits"):
+            test, train = pairs(dataset, main, share), pairs(dataset, main, share, split="train")
+            for key in sorted(set(test) & set(train), key=lambda k: (REFS + ("centralized",)).index(k[0]) * 10 + k[1]):
+                a, b = unadjusted(test[key]), unadjusted(train[key])
+                total += 1
+                changed += a != b
+                rows.append(
+                    f"| {TITLE[dataset]} | {share} | {key[1]:g} | {key[0]} | {a} {fmt_pair(test[key])[0]} "
+                    f"| {b} {fmt_pair(train[key])[0]} | {'**changes**' if a != b else 'same'} |"
+                )
+    if not rows:
+        return [*out, PENDING]
+    return [
+        *out,
+        "| dataset | reading | skew | codistill minus | test split (held out) | training split (audit) | verdict |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"{changed} of {total} comparisons change their unadjusted verdict when scored on the training images.",
+    ]
 
 
 def main() -> int:
