@@ -1,18 +1,4 @@
 #!/usr/bin/env bash
-# breastmnist's stages of issue 18's study (../run.sh runs every dataset's stages in the study's order):
+# breastmnist's stages of issue 18's study: see ../stages.sh (run from anywhere).
 #   bash docs/results/breastmnist/run.sh STAGE...     # STAGE = a sweep file of this folder without .yaml
-# Each stage is one `mpicd pack` job (one MPI start-up; finished runs skipped; an interrupted run
-# resumes from its last checkpoint), so running it again resumes; a run its runs ledger holds is
-# done even where its results file is gone (a new machine). Ranks = the sweep's clients.
-set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's mpicd, not the venv's editable install
-here=docs/results/breastmnist
-(( $# )) || { echo "usage: $0 STAGE... ($(cd "$here" && ls *.yaml | grep -v base | sed 's/.yaml$//' | tr '\n' ' '))" >&2; exit 2; }
-for stage in "$@"; do
-  sweep="$here/$stage.yaml"
-  ranks=$(.venv/bin/python -m mpicd sweep "$sweep" | awk '$2 == "ranks" && !n {print $3; n = 1}')
-  echo "== breastmnist $stage: $ranks ranks ($(date -u +%FT%TZ))"
-  nice -n 19 bash jobs/mpirun.sh "$ranks" pack "$sweep"
-  .venv/bin/python -m mpicd ledger "$sweep"  # the finished runs' scores, to commit: $here/$stage.runs.jsonl
-done
+exec bash "$(dirname "${BASH_SOURCE[0]}")/../stages.sh" breastmnist "$@"
