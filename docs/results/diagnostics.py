@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpicd.report.runs import Cell, _label, distinguishing  # noqa: E402
+from mpicd.report.runs import Cell, _label, distinguishing, fmt  # noqa: E402
 from mpicd.report.ledger import load  # noqa: E402
 
 LAST = 10
@@ -59,6 +59,12 @@ def run_values(entry: dict) -> tuple[Cell, int, dict[str, float]]:
         int(entry["seed"]),
         {k: float("nan") if v is None else v for k, v in values.items()},
     )
+
+
+def label(cell: Cell, keys: list[str]) -> str:
+    """The method with its algorithm keys, then the other keys that set the cell apart (the skew)."""
+    rest = [f"{k.split('.')[-1]}={fmt(cell.get(k))}" for k in keys if not k.startswith("algorithm.")]
+    return _label(cell, keys) + (f", {', '.join(rest)}" if rest else "")
 
 
 def over_the_run(entries: list[dict], name: str) -> list[str]:
@@ -113,7 +119,7 @@ def main(argv: list[str]) -> int:
         ]
         for cell in sorted(cells, key=Cell.sort_key):
             runs = by_cell[cell]
-            entry = {"stage": stage, "cell": _label(cell, keys), "n": len(runs)}
+            entry = {"stage": stage, "cell": label(cell, keys), "n": len(runs)}
             shown = []
             for k in (*DIAG, "loss_share"):
                 v = np.array([r[k] for r in runs])
@@ -137,7 +143,7 @@ def main(argv: list[str]) -> int:
             for cell in with_curves:
                 entries = [e for e in entries_of[cell] if "diag_curves" in e]
                 lines.append(
-                    f"| {_label(cell, keys)} | {len(entries)} | " + " | ".join(over_the_run(entries, name)) + " |"
+                    f"| {label(cell, keys)} | {len(entries)} | " + " | ".join(over_the_run(entries, name)) + " |"
                 )
     if not rows:
         print(
