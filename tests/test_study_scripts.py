@@ -101,3 +101,20 @@ def test_stages_sh_names_the_stages_a_dataset_has():
         ["bash", "docs/results/stages.sh", "nosuch", "tune"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert unknown.returncode == 2 and "no dataset folder docs/results/nosuch" in unknown.stderr, unknown.stderr
+
+
+def test_diagnostics_labels_say_the_skew_where_cells_differ_in_it():
+    import diagnostics
+
+    from mpicd.report.runs import Cell, distinguishing
+
+    cells = [
+        Cell.of({"algorithm": {"name": "codistill", "lambda": lam}, "data": {"skew": skew}})
+        for lam, skew in ((0.0, 0.0), (0.0, 0.8), (3.0, 0.8))
+    ]
+    keys = distinguishing(cells)
+    assert [diagnostics.label(c, keys) for c in cells] == [
+        "codistill (lambda=0), skew=0",
+        "codistill (lambda=0), skew=0.8",
+        "codistill (lambda=3), skew=0.8",
+    ]
