@@ -138,8 +138,8 @@ def _per_round(res: Results) -> dict:
     ``metrics/train_extra_share`` = that mean of train_extra / train_loss (the term's share of the
     loss); timings (``*_seconds``, not reproducible) and bytes (in bytes_per_round) left out.
     ``final``: the FINAL datasets' last completed round, per client. ``diag_curves`` (runs with
-    eval.diagnostics only: /diag not all NaN): each diagnostic per completed round, mean over clients (NaN left out, null if all
-    are), to 4 significant digits: how alignment evolves over a run. ``cpu``: the CPU models its
+    eval.diagnostics only: /diag not all NaN): each diagnostic per completed round, mean over
+    clients (NaN left out, null if all are), to 4 significant digits: how alignment evolves. ``cpu``: the CPU models its
     ranks ran on (/placement/cpu: bit-identical files need the same one). What the study's tuning,
     mechanism and privacy tables read besides the scores (docs/results)."""
     import h5py
@@ -162,9 +162,10 @@ def _per_round(res: Results) -> dict:
                 means[key] = _mean(values)
                 if key in FINAL:
                     final[key] = [_number(v) for v in np.asarray(data[done - 1], dtype=float)]
-                rounds = np.asarray(data[:done], dtype=float)
-                if group == "diag" and not np.isnan(rounds).all():  # eval.diagnostics off: all NaN, no curve
-                    diag_curves[name] = [_rounded(_mean(row), 4) for row in rounds]
+                if group == "diag":
+                    rounds = np.asarray(data[:done], dtype=float)
+                    if not np.isnan(rounds).all():  # eval.diagnostics off: all NaN, no curve
+                        diag_curves[name] = [_rounded(_mean(row), 4) for row in rounds]
         if "metrics/train_extra" in f and "metrics/train_loss" in f:
             extra = np.asarray(f["metrics/train_extra"][lo:done], dtype=float)
             loss = np.asarray(f["metrics/train_loss"][lo:done], dtype=float)
