@@ -118,3 +118,101 @@ def test_diagnostics_labels_say_the_skew_where_cells_differ_in_it():
         "codistill (lambda=0), skew=0.8",
         "codistill (lambda=3), skew=0.8",
     ]
+
+
+def _skews(*values):
+    return dict(zip(summary.SKEWS, values))
+
+
+def test_stability_takes_the_sample_sd_over_the_six_skews_and_names_the_steadiest():
+    flat, ramp = _skews(*[0.6] * 6), _skews(0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
+    means = {}
+    for method, row in (
+        ("codistill", flat),
+        ("fedavg", ramp),
+        ("fedproto", ramp),
+        ("feddistill", ramp),
+        ("fedamp", ramp),
+    ):
+        means.update({(method, s): (v, 5, 0.0) for s, v in row.items()})
+    sds, verdict = summary.stability(means)
+    # ramp: mean 0.35, squared deviations 0.0625 + 0.0225 + 0.0025 (twice each) = 0.175; / 5 -> 0.035
+    assert sds["codistill"] == pytest.approx(0.0) and sds["fedavg"] == pytest.approx(math.sqrt(0.035))
+    assert verdict == "**holds**"
+    means.update({("codistill", s): (v, 5, 0.0) for s, v in ramp.items()})
+    means.update({("fedamp", s): (v, 5, 0.0) for s, v in _skews(0.2, 0.2, 0.2, 0.2, 0.2, 0.3).items()})
+    assert summary.stability(means)[1] == "**does not hold**: fedamp's sd is the lowest"
+    del means[("fedproto", 0.9)]  # one skew not measured yet
+    sds, verdict = summary.stability(means)
+    assert verdict == "pending" and sds["fedproto"] is None
+
+
+def test_bytes_verdict_gives_the_ratios_and_who_sends_less():
+    # PneumoniaMNIST, 4 clients, C = 2, D = 200, float32: codistill sends and receives one D-vector (800 B);
+    # its logit reading one C-vector (8 B); FedProto a C x D table plus C counts ((400 + 2) * 4 = 1,608 B);
+    # FedDistill C x C logits plus C counts ((4 + 2) * 4 = 24 B)
+    sent = {"codistill": {800.0}, "codistill (logits)": {8.0}, "fedavg": {178300.0}, "fedproto": {1608.0},
+            "feddistill": {24.0}, "fedamp": {448740.0}}  # fmt: skip
+    measured, verdict = summary.byte_counts(sent)
+    assert measured.startswith("codistill 800, codistill (logits) 8, fedavg 178,300, fedproto 1,608")
+    assert verdict == (
+        "**holds**: 223x fewer than fedavg, 2x fewer than fedproto, 561x fewer than fedamp; "
+        "codistill (logits) and feddistill send less than the feature reading"
+    )
+    assert summary.byte_counts({"codistill": {800.0}, "fedavg": {178300.0}}) == (
+        "codistill 800, fedavg 178,300",
+        "pending",
+    )
+    assert summary.byte_counts({"codistill": {800.0, 1600.0}})[0] == "codistill 800–1,600"  # not one count: both shown
+
+
+def test_low_data_verdict_needs_wins_against_every_baseline_and_says_who_collapsed():
+    means = {("codistill", 50): (0.193, 10, 800.0), ("fedavg", 50): (0.02, 10, 0.0), ("fedproto", 50): (0.0, 10, 0.0),
+             ("feddistill", 50): (0.04, 10, 0.0), ("fedamp", 50): (0.03, 10, 0.0)}  # fmt: skip
+    win = (np.array([0.15, 0.2]), (0.1, 0.25), False)
+    got = {(ref, 50): win for ref in summary.FEDERATED}
+    measured, intervals, verdict = summary.low_data(means, got, 50)
+    assert measured == "codistill 0.193; fedavg 0.020; fedproto 0.000; feddistill 0.040; fedamp 0.030"
+    assert intervals.startswith("fedavg [+0.100, +0.250]; fedproto [+0.100, +0.250]")
+    assert verdict == "**holds**; baselines at or below 5%: fedavg, fedproto, feddistill, fedamp"
+    means[("fedamp", 50)] = (0.3, 10, 0.0)
+    got[("fedamp", 50)] = (np.array([-0.1, 0.1]), (-1.0, 1.0), False)
+    assert summary.low_data(means, got, 50)[2] == (
+        "**does not hold**: ties against fedamp; baselines at or below 5%: fedavg, fedproto, feddistill"
+    )
+    del got[("fedavg", 50)]
+    assert summary.low_data(means, got, 50)[1:] == ("pending", "pending")
+
+
+def test_sent_bytes_and_cell_means_read_the_ledgers(tmp_path, monkeypatch):
+    src = ROOT / "docs" / "results" / "pneumoniamnist" / "privacy-off.runs.jsonl"  # a finished stage
+    lines = src.read_text().splitlines()
+    (tmp_path / "pneumoniamnist").mkdir()
+    (tmp_path / "pneumoniamnist" / "main-high.runs.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(summary, "HERE", tmp_path)
+    sent = summary.sent_bytes("pneumoniamnist", ("main-low", "main-high"))
+    # FedAvg's Allreduce: the 1-channel LeNet's parameters (conv 1->6 5x5, 6->16 5x5, 16->120 3x3,
+    # Linear 120->200, head 200->2) and its sample count, float32
+    lenet = (1 * 6 * 25 + 6) + (6 * 16 * 25 + 16) + (16 * 120 * 9 + 120) + (120 * 200 + 200) + (200 * 2 + 2)
+    expected = {
+        "fedavg": 4.0 * (lenet + 1),
+        "codistill": 200 * 4.0,
+        "fedproto": (2 * 200 + 2) * 4.0,
+        "feddistill": 24.0,
+    }
+    assert sent == {k: {v} for k, v in expected.items()}
+    means = summary.cell_means("pneumoniamnist", ("main-high",))
+    import json
+
+    fedavg = [json.loads(x)["views"]["test"]["last10"]["scores"]["minority_acc"] for x in lines if "=fedavg_" in x]
+    assert len(fedavg) == 5 and means[("fedavg", 0.8)] == (pytest.approx(sum(fedavg) / 5), 5, expected["fedavg"])
+    assert summary.cell_means("pneumoniamnist", ("lowdata",)) == {}
+
+
+def test_as_above_and_the_markers():
+    rows = ["| a | claim | 1 |", "| b | claim | 2 |", "| c | other | 3 |"]
+    assert summary.as_above(rows) == ["| a | claim | 1 |", "| b | as above | 2 |", "| c | other | 3 |"]
+    text = "x\n<!-- t: begin (summary.py) -->\nold\n<!-- t: end -->\ny"
+    assert summary.between(text, "t", "new") == "x\n<!-- t: begin (summary.py) -->\nnew\n<!-- t: end -->\ny"
+    with pytest.raises(ValueError, match="no u markers"):
+        summary.between(text, "u", "new")
