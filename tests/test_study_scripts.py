@@ -216,3 +216,50 @@ def test_as_above_and_the_markers():
     assert summary.between(text, "t", "new") == "x\n<!-- t: begin (summary.py) -->\nnew\n<!-- t: end -->\ny"
     with pytest.raises(ValueError, match="no u markers"):
         summary.between(text, "u", "new")
+
+
+def test_progress_counts_only_planned_runs_and_each_cpu_model():
+    import progress
+
+    entries = [
+        {"name": "0000_seed=0", "cpu": ["AMD EPYC"]},
+        {"name": "0001_seed=1", "cpu": ["Intel(R) Xeon(R) Processor"]},
+        {"name": "0002_seed=2", "cpu": ["AMD EPYC", "Intel(R) Xeon(R) Processor"]},  # resumed on the other
+        {"name": "0009_seed=9", "cpu": ["AMD EPYC"]},  # not this sweep's run
+        {"name": "0003_seed=3"},  # an entry from before the ledgers carried the CPU
+    ]
+    held, cpus = progress.tally(["0000_seed=0", "0001_seed=1", "0002_seed=2", "0003_seed=3", "0004_seed=4"], entries)
+    assert held == 4
+    assert cpus == {
+        "AMD EPYC": 1,
+        "Intel(R) Xeon(R) Processor": 1,
+        "AMD EPYC + Intel(R) Xeon(R) Processor": 1,
+        "unknown": 1,
+    }
+
+
+def test_progress_table_covers_every_stage_of_run_sh():
+    import progress
+
+    stages = {letter for letter, *_ in progress.STAGES}
+    run_sh = (ROOT / "docs" / "results" / "run.sh").read_text()
+    assert stages == {"a1", "p", "a2", "m", "c", "d", "b", "f", "e"} and "a1 p a2 m c d b f e" in run_sh
+    for _, dataset, sweeps in progress.STAGES:  # every sweep named exists, and run.sh runs it
+        for sweep in sweeps:
+            assert (ROOT / "docs" / "results" / dataset / f"{sweep}.yaml").is_file(), (dataset, sweep)
+            assert sweep in run_sh, sweep
+
+
+def test_progress_table_reads_the_committed_sweeps_and_ledgers(monkeypatch):
+    import progress
+
+    from conftest import require_pneumonia
+
+    require_pneumonia()  # the sweeps' configs name the real files; the other two lie beside it
+    monkeypatch.chdir(ROOT)  # the sweep files' data paths are relative to the project root
+    rows = [r for r in progress.table() if r.startswith("| ") and not r.startswith("| stage")]
+    assert len(rows) == sum(len(sweeps) for *_, sweeps in progress.STAGES)
+    ledger = ROOT / "docs" / "results" / "retinamnist" / "mechanism.runs.jsonl"  # a finished stage: 20 runs
+    assert len(ledger.read_text().splitlines()) == 20
+    assert any(r.startswith("| m | retinamnist | mechanism | 20 / 20 | ") for r in rows), rows
+    assert "| a1 | pneumoniamnist | tune | – / 52 | done before the ledgers existed" in "\n".join(rows)

@@ -9,3 +9,4 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's mpicd, no
 for d in pneumoniamnist retinamnist breastmnist; do bash docs/results/$d/report.sh; done
 .venv/bin/python docs/results/summary.py
 .venv/bin/python docs/results/mechanism.py
+.venv/bin/python docs/results/progress.py

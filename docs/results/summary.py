@@ -362,10 +362,10 @@ def audit() -> list[str]:
     ]
 
 
-def between(text: str, name: str, body: str) -> str:
+def between(text: str, name: str, body: str, writer: str = "summary.py") -> str:
     """``text`` with the block between its ``name`` markers replaced by ``body``; ValueError without them."""
-    block = f"<!-- {name}: begin (summary.py) -->\n{body}\n<!-- {name}: end -->"
-    pattern = rf"<!-- {name}: begin \(summary\.py\) -->.*?<!-- {name}: end -->"
+    block = f"<!-- {name}: begin ({writer}) -->\n{body}\n<!-- {name}: end -->"
+    pattern = rf"<!-- {name}: begin \({re.escape(writer)}\) -->.*?<!-- {name}: end -->"
     new, n = re.subn(pattern, lambda _: block, text, flags=re.S)
     if n != 1:
         raise ValueError(f"README.md has no {name} markers")
