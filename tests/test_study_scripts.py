@@ -6,6 +6,7 @@ summary page's verdicts, so their arithmetic is tested like the package's."""
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 
@@ -260,3 +261,37 @@ def test_progress_table_reads_the_committed_sweeps_and_ledgers(monkeypatch):
     assert len(ledger.read_text().splitlines()) == 20
     assert any(r.startswith("| m | retinamnist | mechanism | 20 / 20 | ") for r in rows), rows
     assert "| a1 | pneumoniamnist | tune | – / 52 | done before the ledgers existed" in "\n".join(rows)
+
+
+def _next_start() -> dict:
+    lines = (ROOT / "docs" / "results" / "next-start").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+def test_resume_dry_run_names_the_next_start_and_does_nothing(tmp_path):
+    start = _next_start()
+    worktree = tmp_path / "study"
+    env = {**os.environ, "STUDY_WORKTREE": str(worktree)}
+    done = subprocess.run(
+        ["bash", "docs/results/resume.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"would run: git worktree add --detach {worktree} {start['commit']}" in done.stdout
+    assert f"STAGES={start['stages']} nohup setsid nice -n 19 bash docs/results/run.sh" in done.stdout
+    assert not worktree.exists()
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True)
+    if shallow.stdout.strip() == "false":  # the commit named is one of this repository's
+        subprocess.run(["git", "rev-parse", "--verify", "-q", start["commit"] + "^{commit}"], cwd=ROOT, check=True)
+
+
+def test_resume_refuses_a_worktree_at_another_commit(tmp_path):
+    other = tmp_path / "study"
+    other.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(other)]
+    subprocess.run([*git, "init", "-q"], check=True, timeout=60)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "other"], check=True, timeout=60)
+    env = {**os.environ, "STUDY_WORKTREE": str(other)}
+    done = subprocess.run(
+        ["bash", "docs/results/resume.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and "but docs/results/next-start names" in done.stderr, done.stderr

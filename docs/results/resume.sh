@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Start or resume issue 18's study on this machine (a new one, or after a session's stop), from a
+# checkout of main: a git worktree at the commit docs/results/next-start names (so development on
+# main never changes the code the study runs), main's runs ledgers brought into it (a run a ledger
+# holds is done), results/study here a link to the worktree's results, then run.sh in the background,
+# niced, in a session of its own (docs/results/pause.sh pauses it).
+#   bash docs/results/resume.sh                    # worktree /work/study (STUDY_WORKTREE=DIR for another)
+#   bash docs/results/resume.sh --dry-run          # say what it would do, do nothing
+# Refuses (exit 2) a worktree at another commit, and does nothing while run.sh already runs there.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+main=$PWD
+dry=0; [ "${1:-}" = --dry-run ] && dry=1
+# shellcheck source=/dev/null
+source docs/results/next-start
+worktree=${STUDY_WORKTREE:-/work/study}
+say() { echo "resume.sh: $*"; }
+do_() { if ((dry)); then echo "  would run: $*"; else "$@"; fi; }
+if [ -f "$worktree/results/study/study.pgid" ] && pgrep -g "$(cat "$worktree/results/study/study.pgid")" -f docs/results/run.sh >/dev/null; then
+  say "the study already runs in $worktree (process group $(cat "$worktree/results/study/study.pgid")); nothing to do"
+  exit 0
+fi
+if [ -d "$worktree" ]; then
+  have=$(git -C "$worktree" rev-parse HEAD)
+  if [ "$have" != "$commit" ]; then
+    say "$worktree is at $have, but docs/results/next-start names $commit: remove it (git worktree remove --force $worktree) or set STUDY_WORKTREE" >&2
+    exit 2
+  fi
+  say "worktree $worktree at $commit"
+else
+  say "worktree $worktree at $commit (new)"
+  do_ git worktree add --detach "$worktree" "$commit"
+fi
+do_ bash jobs/setup.sh  # returns at once where it has run
+[ -e "$worktree/.venv" ] || do_ ln -s "$main/.venv" "$worktree/.venv"
+say "main's runs ledgers into the worktree (data, not code)"
+do_ git -C "$worktree" checkout "$(git rev-parse HEAD)" -- ':(glob)docs/results/*/*.runs.jsonl'
+do_ mkdir -p results "$worktree/results/study"
+do_ ln -sfn "$worktree/results/study" results/study  # report.sh here reads the study's results files
+say "STAGES=\"$stages\" run.sh in $worktree, log $worktree/study.log"
+if ((dry)); then
+  echo "  would run: (cd $worktree && STAGES=\"$stages\" nohup setsid nice -n 19 bash docs/results/run.sh >> study.log 2>&1 &)"
+else
+  (cd "$worktree" && STAGES="$stages" nohup setsid nice -n 19 bash docs/results/run.sh >> study.log 2>&1 &)
+fi
