@@ -51,6 +51,11 @@ TITLE = {
 PENDING = "pending"
 
 
+def ledgers(dataset: str, stages: tuple[str, ...]) -> list[Path]:
+    """The stages' runs ledgers that exist (a stage not run yet has none)."""
+    return [p for s in stages if (p := HERE / dataset / f"{s}.runs.jsonl").exists()]
+
+
 def pairs(
     dataset: str,
     stages: tuple[str, ...],
@@ -61,7 +66,7 @@ def pairs(
     key: str = "data.skew",
 ) -> dict:
     """(reference, value of key) -> diffs of codistill(share) minus reference, paired by seed."""
-    paths = [p for s in stages if (p := HERE / dataset / f"{s}.runs.jsonl").exists()]  # the runs ledgers
+    paths = ledgers(dataset, stages)
     if not paths:
         return {}
     runs, _ = collect(paths, 1 if select == "best-val" else 10, select, split=split)
@@ -140,7 +145,7 @@ def label(cell) -> str:
 def cell_means(dataset: str, stages: tuple[str, ...], key: str = "data.skew") -> dict:
     """(method row, value of key) -> (mean over seeds of the last-10 test minority accuracy, seeds,
     bytes per rank and round), from the stages' runs ledgers."""
-    paths = [p for s in stages if (p := HERE / dataset / f"{s}.runs.jsonl").exists()]
+    paths = ledgers(dataset, stages)
     if not paths:
         return {}
     runs, _ = collect(paths, 10, "last")
@@ -170,7 +175,7 @@ def stability(means: dict) -> tuple[dict, str]:
 def sent_bytes(dataset: str, stages: tuple[str, ...]) -> dict:
     """Method row -> the bytes per rank and round ((sent + received) / 2) of its 4-client runs in the
     stages' ledgers, every distinct value (skew, seed and lambda do not enter them)."""
-    paths = [p for s in stages if (p := HERE / dataset / f"{s}.runs.jsonl").exists()]
+    paths = ledgers(dataset, stages)
     out: dict[str, set] = {}
     for run in collect(paths, 10, "last")[0] if paths else []:
         if run.clients == 4 and label(run.cell) not in ("local", "centralized"):
