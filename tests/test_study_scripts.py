@@ -277,7 +277,8 @@ def test_resume_dry_run_names_the_next_start_and_does_nothing(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert f"would run: git worktree add --detach {worktree} {start['commit']}" in done.stdout
-    assert f"STAGES={start['stages']} nohup setsid nice -n 19 bash docs/results/run.sh" in done.stdout
+    launch = f"export STAGES={start['stages']} && exec nohup setsid nice -n 19 bash docs/results/run.sh)"
+    assert f"{launch} >> {worktree}/study.log 2>&1 < /dev/null &" in done.stdout
     assert not worktree.exists()
     shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True)
     if shallow.stdout.strip() == "false":  # the commit named is one of this repository's

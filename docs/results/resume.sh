@@ -38,8 +38,10 @@ do_ git -C "$worktree" checkout "$(git rev-parse HEAD)" -- ':(glob)docs/results/
 do_ mkdir -p results "$worktree/results/study"
 do_ ln -sfn "$worktree/results/study" results/study  # report.sh here reads the study's results files
 say "STAGES=\"$stages\" run.sh in $worktree, log $worktree/study.log"
+# The whole group's stdio goes to the log (and exec leaves no shell behind): a launcher that kept the
+# caller's stdout would hold `resume.sh | tail` open for as long as the study runs.
 if ((dry)); then
-  echo "  would run: (cd $worktree && STAGES=\"$stages\" nohup setsid nice -n 19 bash docs/results/run.sh >> study.log 2>&1 &)"
+  echo "  would run: (cd $worktree && export STAGES=\"$stages\" && exec nohup setsid nice -n 19 bash docs/results/run.sh) >> $worktree/study.log 2>&1 < /dev/null &"
 else
-  (cd "$worktree" && STAGES="$stages" nohup setsid nice -n 19 bash docs/results/run.sh >> study.log 2>&1 &)
+  (cd "$worktree" && export STAGES="$stages" && exec nohup setsid nice -n 19 bash docs/results/run.sh) >> "$worktree/study.log" 2>&1 < /dev/null &
 fi
