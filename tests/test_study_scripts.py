@@ -185,12 +185,21 @@ def test_low_data_verdict_needs_wins_against_every_baseline_and_says_who_collaps
     assert summary.low_data(means, got, 50)[1:] == ("pending", "pending")
 
 
-def test_sent_bytes_and_cell_means_read_the_ledgers(tmp_path, monkeypatch):
-    src = ROOT / "docs" / "results" / "pneumoniamnist" / "privacy-off.runs.jsonl"  # a finished stage
-    lines = src.read_text().splitlines()
+def _as_main_high(tmp_path, monkeypatch, drop: str = "") -> list[str]:
+    """Stage p's privacy-off sweep and ledger (a finished stage: 5 methods at skew 0.8, seeds 0-4)
+    standing in as PneumoniaMNIST's main-high, less the ledger line of the run named ``drop``."""
+    src = ROOT / "docs" / "results" / "pneumoniamnist"
+    lines = [x for x in (src / "privacy-off.runs.jsonl").read_text().splitlines() if not drop or drop not in x]
     (tmp_path / "pneumoniamnist").mkdir()
     (tmp_path / "pneumoniamnist" / "main-high.runs.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "pneumoniamnist" / "main-high.yaml").write_text((src / "privacy-off.yaml").read_text())
+    (tmp_path / "pneumoniamnist" / "base.yaml").write_text((src / "base.yaml").read_text())
     monkeypatch.setattr(summary, "HERE", tmp_path)
+    return lines
+
+
+def test_sent_bytes_and_cell_means_read_the_ledgers(tmp_path, monkeypatch):
+    lines = _as_main_high(tmp_path, monkeypatch)
     sent = summary.sent_bytes("pneumoniamnist", ("main-low", "main-high"))
     # FedAvg's Allreduce: the 1-channel LeNet's parameters (conv 1->6 5x5, 6->16 5x5, 16->120 3x3,
     # Linear 120->200, head 200->2) and its sample count, float32
@@ -208,6 +217,23 @@ def test_sent_bytes_and_cell_means_read_the_ledgers(tmp_path, monkeypatch):
     fedavg = [json.loads(x)["views"]["test"]["last10"]["scores"]["minority_acc"] for x in lines if "=fedavg_" in x]
     assert len(fedavg) == 5 and means[("fedavg", 0.8)] == (pytest.approx(sum(fedavg) / 5), 5, expected["fedavg"])
     assert summary.cell_means("pneumoniamnist", ("lowdata",)) == {}
+
+
+def test_a_cell_missing_one_planned_seed_is_pending_everywhere(tmp_path, monkeypatch):
+    import json
+
+    lines = _as_main_high(tmp_path, monkeypatch, drop="_algorithm=fedavg_skew=0.8_seed=3")  # FedAvg at 4 of its 5 seeds
+    assert len(lines) == 24
+    means = summary.cell_means("pneumoniamnist", ("main-high",))
+    assert ("fedavg", 0.8) not in means  # not a mean over the first 4 seeds
+    local = [json.loads(x)["views"]["test"]["last10"]["scores"]["minority_acc"] for x in lines if "=local_" in x]
+    assert means[("local", 0.8)][:2] == (pytest.approx(sum(local) / 5), 5)
+    got = summary.pairs("pneumoniamnist", ("main-high",), "features")
+    assert ("fedavg", 0.8) not in got and ("local", 0.8) in got  # the pair with a partial cell is pending
+    codistill = [
+        json.loads(x)["views"]["test"]["last10"]["scores"]["minority_acc"] for x in lines if "=codistill_" in x
+    ]
+    assert got[("local", 0.8)][0].mean() == pytest.approx((sum(codistill) - sum(local)) / 5)
 
 
 def test_as_above_and_the_markers():

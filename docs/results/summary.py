@@ -18,10 +18,14 @@ The paper's descriptive claims (no test, read off the cell means) get their own 
 across skews (the sd over the six skews of each federated method's mean minority accuracy), the
 bytes per rank and round, and the low-data regime (each method's mean minority accuracy at skew
 0.6 by images per class, codistill's paired unadjusted verdict against each federated baseline).
+
+Every table here reads whole cells only (whole_cells): a cell whose ledger lacks some of the seeds its
+sweep plans is `pending`, so a page regenerated while a stage runs gives no verdict on a first few seeds.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -34,6 +38,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mpicd.report import ReportError, collect, group, versus  # noqa: E402
+from mpicd.sweep import load_sweep  # noqa: E402
 
 ALPHA = 0.05
 SKEWS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9)
@@ -56,6 +61,30 @@ def ledgers(dataset: str, stages: tuple[str, ...]) -> list[Path]:
     return [p for s in stages if (p := HERE / dataset / f"{s}.runs.jsonl").exists()]
 
 
+def whole_cells(dataset: str, stages: tuple[str, ...]) -> set[str]:
+    """``<ledger>#<name>`` of every ledgered run whose whole cell the ledger holds: every run its sweep
+    file plans that differs from it only in the seed. A cell still being run counts as not measured
+    (pending), so a page written mid-stage never gives a verdict on a cell's first few seeds."""
+    whole = set()
+    for path in ledgers(dataset, stages):
+        held = {json.loads(line)["name"] for line in path.read_text().splitlines() if line.strip()}
+        cells: dict[tuple[str, ...], list[str]] = {}
+        for run in load_sweep(path.with_name(path.name.removesuffix(".runs.jsonl") + ".yaml")):
+            cell = tuple(o for o in run.overrides if not o.startswith("seed="))
+            cells.setdefault(cell, []).append(run.output.stem)
+        whole |= {f"{path}#{n}" for names in cells.values() if held.issuperset(names) for n in names}
+    return whole
+
+
+def scored(dataset: str, stages: tuple[str, ...], last: int = 10, select: str = "last", split: str = "test") -> list:
+    """The stages' ledgered runs of whole cells (whole_cells), scored as mpicd report scores them."""
+    paths = ledgers(dataset, stages)
+    if not paths:
+        return []
+    whole = whole_cells(dataset, stages)
+    return [r for r in collect(paths, last, select, split=split)[0] if str(r.path) in whole]
+
+
 def pairs(
     dataset: str,
     stages: tuple[str, ...],
@@ -66,11 +95,7 @@ def pairs(
     key: str = "data.skew",
 ) -> dict:
     """(reference, value of key) -> diffs of codistill(share) minus reference, paired by seed."""
-    paths = ledgers(dataset, stages)
-    if not paths:
-        return {}
-    runs, _ = collect(paths, 1 if select == "best-val" else 10, select, split=split)
-    cells = group(runs)
+    cells = group(scored(dataset, stages, 1 if select == "best-val" else 10, select, split))
     out = {}
     for ref in REFS + ("centralized",):
         if not any(c.method == ref for c in cells) or not any(c.method == "codistill" for c in cells):
@@ -144,13 +169,9 @@ def label(cell) -> str:
 
 def cell_means(dataset: str, stages: tuple[str, ...], key: str = "data.skew") -> dict:
     """(method row, value of key) -> (mean over seeds of the last-10 test minority accuracy, seeds,
-    bytes per rank and round), from the stages' runs ledgers."""
-    paths = ledgers(dataset, stages)
-    if not paths:
-        return {}
-    runs, _ = collect(paths, 10, "last")
+    bytes per rank and round), from the stages' runs ledgers (whole cells only)."""
     out = {}
-    for cell, members in group(runs).items():
+    for cell, members in group(scored(dataset, stages)).items():
         at = (label(cell), cell.get(key))
         if at in out:
             raise ReportError(f"{dataset} {'/'.join(stages)}: two cells of {at[0]} at {key}={at[1]}")
@@ -278,7 +299,8 @@ def secondary() -> list[str]:
         "# Secondary comparisons (unadjusted 95% intervals; not counted in the overall verdict)",
         "",
         "Written by summary.py. codistill (features unless said) minus each method, paired by seed, minority",
-        "accuracy unless said. `pending`: not measured yet.",
+        "accuracy unless said. `pending`: not measured yet, or a cell not whole yet (a cell counts once the",
+        "ledger holds every seed its sweep plans for it).",
     ]
     blocks = []
     for dataset in PRIMARY:
