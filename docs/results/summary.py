@@ -25,7 +25,6 @@ sweep plans is `pending`, so a page regenerated while a stage runs gives no verd
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -38,6 +37,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mpicd.report import ReportError, collect, group, versus  # noqa: E402
+from mpicd.report.ledger import load as load_ledger  # noqa: E402
 from mpicd.sweep import load_sweep  # noqa: E402
 
 ALPHA = 0.05
@@ -67,7 +67,7 @@ def whole_cells(dataset: str, stages: tuple[str, ...]) -> set[str]:
     (pending), so a page written mid-stage never gives a verdict on a cell's first few seeds."""
     whole = set()
     for path in ledgers(dataset, stages):
-        held = {json.loads(line)["name"] for line in path.read_text().splitlines() if line.strip()}
+        held = set(load_ledger(path))
         cells: dict[tuple[str, ...], list[str]] = {}
         for run in load_sweep(path.with_name(path.name.removesuffix(".runs.jsonl") + ".yaml")):
             cell = tuple(o for o in run.overrides if not o.startswith("seed="))
