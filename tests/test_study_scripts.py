@@ -289,6 +289,28 @@ def test_progress_table_reads_the_committed_sweeps_and_ledgers(monkeypatch):
     assert "| a1 | pneumoniamnist | tune | – / 52 | done before the ledgers existed" in "\n".join(rows)
 
 
+def test_each_dataset_page_gets_its_own_sweeps_with_their_state():
+    import progress
+    from summary import between
+
+    every = [
+        dict(stage="a1", dataset="x", sweep="tune", held=0, planned=52, cpus={}, lost="decided before the ledgers"),
+        dict(stage="c", dataset="x", sweep="main-low", held=120, planned=120, cpus={}, lost=None),
+        dict(stage="c", dataset="y", sweep="main-low", held=3, planned=120, cpus={}, lost=None),  # another dataset's
+        dict(stage="d", dataset="x", sweep="main-high", held=7, planned=240, cpus={}, lost=None),
+        dict(stage="b", dataset="x", sweep="lowdata", held=0, planned=240, cpus={}, lost=None),
+    ]
+    assert progress.dataset_status("x", every)[2:] == [
+        "| a1 | tune | – / 52 | decided before the ledgers |",
+        "| c | main-low | 120 / 120 | done |",
+        "| d | main-high | 7 / 240 | under way |",
+        "| b | lowdata | 0 / 240 | not started |",
+    ]
+    for dataset in {d for _, d, _ in progress.STAGES}:  # every dataset page has the block progress.py rewrites
+        page = (ROOT / "docs" / "results" / dataset / "README.md").read_text()
+        between(page, "status", "", "progress.py")
+
+
 def _next_start() -> dict:
     lines = (ROOT / "docs" / "results" / "next-start").read_text().splitlines()
     return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))

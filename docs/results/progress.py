@@ -3,6 +3,7 @@ those the sweep plans, and the CPU models they ran on (the ledger's ``cpu``: res
 only on one CPU model, so a table that mixes models should say so).
 
     python docs/results/progress.py        # report.sh runs it; rewrites the progress block of README.md
+                                           # and the status block of each dataset's README.md
 
 Read from the sweep files and runs ledgers only, never from results files: a new machine, with no
 results files, prints the same table as the machine that ran the runs.
@@ -56,12 +57,9 @@ def read_ledger(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def table() -> list[str]:
-    lines = [
-        "| stage | dataset | sweep | runs in the ledger / planned | CPU models (runs) |",
-        "|---|---|---|---|---|",
-    ]
-    held_all = planned_all = 0
+def rows() -> list[dict]:
+    """One row per sweep of every stage, in run.sh's order: what its ledger holds of what it plans."""
+    out = []
     for letter, dataset, sweeps in STAGES:
         for sweep in sweeps:
             path = HERE / dataset / f"{sweep}.yaml"
@@ -70,27 +68,65 @@ def table() -> list[str]:
             except ConfigError as err:
                 raise SystemExit(f"progress.py: {path}: {err}") from None
             held, cpus = tally(planned, read_ledger(HERE / dataset / f"{sweep}.runs.jsonl"))
-            machines = ", ".join(f"{cpu} ({n})" for cpu, n in sorted(cpus.items())) or "–"
-            count = f"{held} / {len(planned)}"
-            if (dataset, sweep) in LOST and not held:
-                count, machines = f"– / {len(planned)}", LOST[(dataset, sweep)]
-            else:
-                held_all, planned_all = held_all + held, planned_all + len(planned)
-            lines.append(f"| {letter} | {dataset} | {sweep} | {count} | {machines} |")
+            lost = LOST.get((dataset, sweep)) if not held else None
+            out.append(
+                dict(stage=letter, dataset=dataset, sweep=sweep, held=held, planned=len(planned), cpus=cpus, lost=lost)
+            )
+    return out
+
+
+def state(row: dict) -> str:
+    """done / under way / not started, from the counts alone (a lost stage says what decided it)."""
+    if row["lost"]:
+        return row["lost"]
+    if row["held"] == row["planned"]:
+        return "done"
+    return "under way" if row["held"] else "not started"
+
+
+def table(every: list[dict] | None = None) -> list[str]:
+    lines = [
+        "| stage | dataset | sweep | runs in the ledger / planned | CPU models (runs) |",
+        "|---|---|---|---|---|",
+    ]
+    held_all = planned_all = 0
+    for row in rows() if every is None else every:
+        machines = ", ".join(f"{cpu} ({n})" for cpu, n in sorted(row["cpus"].items())) or "–"
+        count = f"{row['held']} / {row['planned']}"
+        if row["lost"]:
+            count, machines = f"– / {row['planned']}", row["lost"]
+        else:
+            held_all, planned_all = held_all + row["held"], planned_all + row["planned"]
+        lines.append(f"| {row['stage']} | {row['dataset']} | {row['sweep']} | {count} | {machines} |")
     lines += ["", f"In all (stage a1 aside): {held_all} of {planned_all} planned runs are in the committed ledgers."]
+    return lines
+
+
+def dataset_status(dataset: str, every: list[dict]) -> list[str]:
+    """The status block of ``<dataset>/README.md``: its sweeps' rows, so that page never says less than the ledgers."""
+    lines = ["| stage | sweep | runs in the ledger / planned | state |", "|---|---|---|---|"]
+    for row in every:
+        if row["dataset"] == dataset:
+            count = f"– / {row['planned']}" if row["lost"] else f"{row['held']} / {row['planned']}"
+            lines.append(f"| {row['stage']} | {row['sweep']} | {count} | {state(row)} |")
     return lines
 
 
 def main() -> int:
     from summary import between  # the same marker rewrite as the claims table
 
-    readme = HERE / "README.md"
-    try:
-        readme.write_text(between(readme.read_text(), "progress", "\n".join(table()), "progress.py"))
-    except ValueError as err:
-        print(f"progress.py: {err}", file=sys.stderr)
-        return 2
-    print(f"written: {readme} (progress table)")
+    every = rows()
+    pages = [(HERE / "README.md", "progress", table(every))]
+    pages += [
+        (HERE / d / "README.md", "status", dataset_status(d, every)) for d in sorted({r["dataset"] for r in every})
+    ]
+    for readme, name, body in pages:
+        try:
+            readme.write_text(between(readme.read_text(), name, "\n".join(body), "progress.py"))
+        except ValueError as err:
+            print(f"progress.py: {readme}: {err}", file=sys.stderr)
+            return 2
+        print(f"written: {readme} ({name} table)")
     return 0
 
 
