@@ -75,6 +75,11 @@ def rows() -> list[dict]:
     return out
 
 
+def count(row: dict) -> str:
+    """'held / planned', or '– / planned' for a sweep whose runs were lost before the ledgers."""
+    return f"– / {row['planned']}" if row["lost"] else f"{row['held']} / {row['planned']}"
+
+
 def state(row: dict) -> str:
     """done / under way / not started, from the counts alone (a lost stage says what decided it)."""
     if row["lost"]:
@@ -92,12 +97,11 @@ def table(every: list[dict] | None = None) -> list[str]:
     held_all = planned_all = 0
     for row in rows() if every is None else every:
         machines = ", ".join(f"{cpu} ({n})" for cpu, n in sorted(row["cpus"].items())) or "–"
-        count = f"{row['held']} / {row['planned']}"
         if row["lost"]:
-            count, machines = f"– / {row['planned']}", row["lost"]
+            machines = row["lost"]
         else:
             held_all, planned_all = held_all + row["held"], planned_all + row["planned"]
-        lines.append(f"| {row['stage']} | {row['dataset']} | {row['sweep']} | {count} | {machines} |")
+        lines.append(f"| {row['stage']} | {row['dataset']} | {row['sweep']} | {count(row)} | {machines} |")
     lines += ["", f"In all (stage a1 aside): {held_all} of {planned_all} planned runs are in the committed ledgers."]
     return lines
 
@@ -107,8 +111,7 @@ def dataset_status(dataset: str, every: list[dict]) -> list[str]:
     lines = ["| stage | sweep | runs in the ledger / planned | state |", "|---|---|---|---|"]
     for row in every:
         if row["dataset"] == dataset:
-            count = f"– / {row['planned']}" if row["lost"] else f"{row['held']} / {row['planned']}"
-            lines.append(f"| {row['stage']} | {row['sweep']} | {count} | {state(row)} |")
+            lines.append(f"| {row['stage']} | {row['sweep']} | {count(row)} | {state(row)} |")
     return lines
 
 
