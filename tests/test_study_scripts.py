@@ -1,4 +1,4 @@
-"""The study's verdict arithmetic (docs/results/summary.py, mechanism.py) against hand-worked values:
+"""The study's verdict arithmetic (docs/results/summary.py, mechanism.py, fairness.py) against hand-worked values:
 Holm's step-down adjustment, the paired two-sided t-test's p, the paired t-interval, the audit's
 verdict-change count, and the CKA-at-round read from a ledger's diag_curves. The scripts carry the
 summary page's verdicts, so their arithmetic is tested like the package's."""
@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "docs" / "results"))
+import fairness  # noqa: E402
 import mechanism  # noqa: E402
 import summary  # noqa: E402
 
@@ -63,6 +64,74 @@ def test_mechanism_pairs_by_seed_with_a_t_interval_by_hand():
     assert mechanism.paired(runs, control) == f"{0.2:+.3f} [{0.2 - half:+.3f}, {0.2 + half:+.3f}]"
     assert mechanism.paired({0: runs[0]}, control) == "–"  # one pair: no interval
     assert mechanism.paired(runs, control, "train") == "–"  # no training-split audit in these runs
+
+
+def scored(seed, minority, balanced=0.5):
+    """A ledger line with only what fairness.paired reads."""
+    return {
+        "seed": seed,
+        "views": {"test": {"last10": {"scores": {"minority_acc": minority, "balanced_acc": balanced}}}},
+    }
+
+
+def test_fairness_pairs_over_the_planned_seeds_with_a_t_interval_by_hand():
+    a = {s: scored(s, m) for s, m in enumerate((0.5, 0.6, 0.7))}
+    b = {s: scored(s, 0.4) for s in range(3)}
+    # diffs 0.1, 0.2, 0.3: mean 0.2, sd 0.1, t(0.975, 2) = 4.30265273 -> half 0.43027 / sqrt 3 = 0.24841
+    assert fairness.paired(a, b, "minority_acc", [0, 1, 2]) == "+0.200 [-0.048, +0.448]"
+    assert fairness.paired(a, b, "balanced_acc", [0, 1, 2]) == "+0.000 [+0.000, +0.000]"
+    del b[2]
+    assert fairness.paired(a, b, "minority_acc", [0, 1, 2]) == "pending"  # not a pair over the first seeds
+    assert fairness.paired(a, b, "minority_acc", []) == "pending"
+    assert (
+        fairness.mean_of(a, "minority_acc", [0, 1, 2]) == "0.600"
+        and fairness.mean_of(b, "minority_acc", [0, 1, 2]) == "pending"
+    )
+
+
+def test_fairness_labels_a_method_without_the_options_it_varies():
+    codistill = {
+        "config": {
+            "algorithm": {"name": "codistill", "lambda": 3.0, "share": "features", "term_mean": "batch"},
+            "train": {"optimizer_state": "keep", "loss": "ce"},
+        }
+    }
+    assert fairness.method(codistill) == "codistill (lambda=3, share=features)"
+    assert fairness.setting(codistill) == {"optimizer_state": "keep", "term_mean": "batch", "loss": "ce"}
+    fedavg = {"config": {"algorithm": {"name": "fedavg"}, "train": {"optimizer_state": "reset", "loss": "ce"}}}
+    assert fairness.method(fedavg) == "fedavg"  # no term_mean: its default, so it matches the main grid's runs
+    assert fairness.setting(fedavg) == {"optimizer_state": "reset", "term_mean": "matching", "loss": "ce"}
+
+
+def test_fairness_plans_the_sweeps_cells_and_takes_the_defaults_from_the_main_grid():
+    import json
+
+    plan, seeds = fairness.planned("retinamnist")
+    # fairness-reset and fairness-balanced: 8 method rows each; fairness-termmean: codistill's 2 readings;
+    # and the 8 methods' default cells, which the main grid holds
+    assert seeds == [0, 1, 2, 3, 4] and len(plan) == 8 + 8 + 2 + 8
+    assert {m for m, s in plan if s[1] == "batch"} == {
+        "codistill (lambda=3, share=features)",
+        "codistill (lambda=0.3, share=logits)",
+    }
+    got, _, _ = fairness.cells("retinamnist")
+    here = ROOT / "docs" / "results" / "retinamnist"
+
+    def minority(stage, pattern):  # read by name from the ledger, independently of fairness.py
+        rows = [json.loads(x) for x in (here / f"{stage}.runs.jsonl").read_text().splitlines()]
+        found = {
+            int(r["seed"]): r["views"]["test"]["last10"]["scores"]["minority_acc"] for r in rows if pattern in r["name"]
+        }
+        return [found[s] for s in range(5)]
+
+    default = minority("main-high", "_algorithm=local_skew=0.8_seed=")
+    balanced = minority("fairness-balanced", "loss=balanced_algorithm=local_skew=0.8_seed=")
+    assert [
+        got[("local", ("keep", "matching", "ce"))][s]["views"]["test"]["last10"]["scores"]["minority_acc"]
+        for s in range(5)
+    ] == default
+    row = next(r for r in fairness.effects("retinamnist") if r.startswith("| local |"))
+    assert row.split(" | ")[-2].startswith(f"{np.mean(balanced) - np.mean(default):+.3f} [")  # balanced loss − ce
 
 
 def test_mechanism_reads_cka_at_a_round_and_names_the_control():

@@ -2,11 +2,13 @@
 # Every table, CSV and plot of issue 18's study from its results files (results/study/), then the
 # summary page's claims table (summary.py rewrites the block between the claims markers of
 # README.md) and claims-secondary.md, and the mechanism table (mechanism.py: mechanism.md and the
-# block between README.md's mechanism markers). Run from anywhere; stages not run yet are skipped and said so.
+# block between README.md's mechanism markers), and the fairness options' tables (fairness.py: fairness.md
+# and the block between README.md's fairness markers). Run from anywhere; stages not run yet are skipped and said so.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's mpicd, not the venv's editable install
 for d in pneumoniamnist retinamnist breastmnist; do bash docs/results/$d/report.sh; done
 .venv/bin/python docs/results/summary.py
 .venv/bin/python docs/results/mechanism.py
+.venv/bin/python docs/results/fairness.py
 .venv/bin/python docs/results/progress.py
