@@ -413,3 +413,35 @@ def test_resume_refuses_a_worktree_at_another_commit(tmp_path):
         ["bash", "docs/results/resume.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2 and "but docs/results/next-start names" in done.stderr, done.stderr
+
+
+def test_tables_sh_regenerates_the_committed_tables_from_the_ledgers(tmp_path):
+    """README "Reproduce it elsewhere": from the committed ledgers alone, tables.sh writes back every
+    committed table and CSV of a dataset unchanged (run twice: nothing depends on a temporary path or
+    on the run). In a copy, so the checkout's files are never touched; no results files there."""
+    import filecmp
+    import shutil
+
+    here = ROOT / "docs" / "results"
+    copy = tmp_path / "docs" / "results"
+    copy.mkdir(parents=True)
+    for name in ("tables.sh", "diagnostics.py"):
+        shutil.copy(here / name, copy / name)
+    shutil.copytree(here / "retinamnist", copy / "retinamnist")
+    (tmp_path / "mpicd").symlink_to(ROOT / "mpicd")
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    written = sorted(
+        p.name for p in (here / "retinamnist").iterdir() if p.suffix in (".md", ".csv") and p.name != "README.md"
+    )  # README.md's status block is progress.py's
+    assert "fairness.md" in written and "main-last10.csv" in written
+    for attempt in (1, 2):
+        for name in written:
+            (copy / "retinamnist" / name).write_text("stale\n")  # so an unwritten file shows
+        done = subprocess.run(
+            ["bash", str(copy / "tables.sh"), "retinamnist"], capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        changed = [
+            n for n in written if not filecmp.cmp(copy / "retinamnist" / n, here / "retinamnist" / n, shallow=False)
+        ]
+        assert changed == [], (attempt, changed)

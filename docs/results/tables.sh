@@ -59,7 +59,8 @@ for table in tune lowdata main six fairness mechanism; do
       report "${files[@]}" --split train --last 10 --versus $ref --versus-only --versus-csv "$out-train-versus-$ref.csv" || echo "(no $ref runs yet)"
     done
     fi
-  } > "$out.md" || echo "tables.sh: $ds $table: mpicd report failed, see $out.md" >&2
+  } | sed "s#$tmp/main-high-skew0.8-seeds0-4.runs.jsonl#$here/main-high.runs.jsonl#g" > "$out.md" \
+    || echo "tables.sh: $ds $table: mpicd report failed, see $out.md" >&2  # the references' runs by their own ledger's name, not a temporary file's
 done
 .venv/bin/python docs/results/diagnostics.py "$ds" || true
 if [ -f "$here/privacy-off.yaml" ]; then  # issue 20's privacy-utility stage: PneumoniaMNIST only
