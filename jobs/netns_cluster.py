@@ -12,9 +12,18 @@ the controller is ``SlurmctldHost=<this host>(<bridge address>)``; every node da
 spool, pid and log file (``%n``). ``rsh`` in the cluster folder runs a command on a named node,
 which is what Open MPI's ``mpirun --mca plm_rsh_agent`` needs to start its daemons there.
 
-Everything made is recorded in ``cluster.json`` in the cluster folder, and ``down`` removes it all:
-the processes inside the nodes' namespaces and the daemons (by pid), the namespaces, the veths
-and the bridge. Nothing outside the folder, the namespaces and the bridge is touched.
+Everything made is recorded in ``cluster.json`` in the cluster folder (root's, mode 0700), and
+``down`` removes it all: the processes inside the nodes' namespaces and the daemons, the namespaces,
+the veths and the bridge. Nothing outside the folder, the namespaces and the bridge is touched.
+
+``down`` acts only on what it can prove this cluster made, because the file outlives what it names
+(``/var/tmp`` survives a reboot; pids wrap): a recorded process is signalled only while its start
+time and command line are the recorded ones and that command line is one this module launches for
+its role in this folder (:mod:`proc_identity`); a holder must also sit in the network namespace
+named with this cluster's tag. Every daemon and holder runs in a mount namespace of its own, so
+nothing is ever signalled that shares the caller's or pid 1's mount namespace, nor the caller or
+its ancestors: a stale or forged ``cluster.json`` kills nothing and ``down`` says what it skipped.
+Namespaces and links are removed only when their names carry this cluster's tag.
 
     sudo python jobs/netns_cluster.py up 2 [FOLDER]   # prints the environment to export
     sudo python jobs/netns_cluster.py down [FOLDER]
@@ -29,18 +38,25 @@ import ipaddress
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proc_identity  # noqa: E402 - jobs/ is not a package
+
 DEFAULT_FOLDER = Path("/var/tmp/mpicd-netns")
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin", "/bin"])
 BINARIES = ("ip", "nsenter", "unshare", "munged", "slurmctld", "slurmd", "sinfo", "sbatch", "srun", "mpirun")
+TAG = re.compile(r"^[0-9a-f]{4}$")
+NODE = re.compile(r"^node[1-9][0-9]*$")
 CANDIDATE_SUBNETS = [f"10.{a}.{b}.0/24" for a in (213, 217, 229) for b in range(7, 250, 11)]
 
 SLURM_CONF = """\
@@ -92,6 +108,10 @@ case "$node" in
 {cases}
   *) echo "rsh: no node $node in {root}" >&2; exit 255 ;;
 esac
+read -r pid start < "{root}/$node.holder"
+# the holder must still be the process recorded (field 22: its start time), not a reused pid
+now=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f20)
+[ "$now" = "$start" ] || {{ echo "rsh: $node's holder (pid $pid) is gone: the cluster is down" >&2; exit 255; }}
 exec nsenter -F -t "$pid" -n -u -m -- /bin/sh -c "$*"
 """
 
@@ -157,12 +177,17 @@ class NetnsCluster:
             raise ValueError(f"{self.root}: the cluster folder must be on the shared file system, not /tmp")
         self.cpus = cpus
         self.tag = tag or secrets.token_hex(2)
+        if not TAG.match(self.tag):
+            raise ValueError(f"tag {self.tag!r}: four hex digits (it names the namespaces and links)")
         self.names = [f"node{i + 1}" for i in range(nodes)]
         self.conf = self.root / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket"
         self.rsh = self.root / "rsh"
-        self.state: dict = {"tag": self.tag, "links": [], "netns": [], "holders": {}, "daemons": {}}
+        self.state: dict = {
+            "tag": self.tag, "links": [], "netns": [], "holders": {}, "daemons": {}, "identities": {}
+        }  # fmt: skip
         self._procs: dict[str, subprocess.Popen] = {}
+        self.skipped: list[str] = []  # what the last down() left alone, and why
 
     # ---- what a user or a test needs
     @property
@@ -206,8 +231,12 @@ class NetnsCluster:
         return path
 
     def processes(self, node: str) -> list[int]:
-        """Pids inside ``node``'s mount namespace other than its holder and slurmd."""
+        """Pids inside ``node``'s mount namespace other than its holder and slurmd; RuntimeError
+        unless the holder is proven this cluster's (else its namespace could be anyone's)."""
         holder = self.state["holders"][node]
+        why = self._unproven(f"holder-{node}")
+        if why:
+            raise RuntimeError(f"{node}'s holder (pid {holder}): {why}")
         ns = _ns(holder, "mnt")
         skip = {holder, self.state["daemons"].get(f"slurmd-{node}")}
         found = []
@@ -221,6 +250,61 @@ class NetnsCluster:
                 if _alive(int(proc.name)):
                     found.append(int(proc.name))
         return found
+
+    # ---- what proves a recorded process is this cluster's
+    def _launched(self, name: str) -> list[list[str]]:
+        """Every command line the process ``name`` can show: what was launched and each program
+        it execs in turn (nsenter and unshare exec what follows them; sh -c execs sleep)."""
+        if name.startswith("holder-"):
+            node = name.removeprefix("holder-")
+            argv = self._holder_argv(node)
+            return [argv, argv[2:], argv[7:], ["sleep", "infinity"]]
+        if name.startswith("slurmd-"):
+            node = name.removeprefix("slurmd-")
+            argv = self._slurmd_argv(node)
+            return [argv, argv[argv.index("--") + 1 :]]
+        argv = self._munged_argv() if name == "munged" else self._slurmctld_argv() if name == "slurmctld" else None
+        return [] if argv is None else [argv, argv[4:]]
+
+    def _unproven(self, name: str) -> str | None:
+        """Why the recorded process ``name`` is not provably this cluster's, or None when it is:
+        alive with the recorded start time and command line, a command line this module launches
+        for ``name`` in this folder, outside the caller's and pid 1's mount namespaces, and (a
+        holder) inside the network namespace named with this cluster's tag."""
+        entry = self.state.get("identities", {}).get(name)
+        if not isinstance(entry, dict):
+            return "not ours: no identity recorded"
+        pid = entry.get("pid")
+        if not isinstance(pid, int) or not proc_identity.alive(pid):
+            return "gone"
+        try:
+            launched = self._launched(name)
+        except (KeyError, ValueError):
+            launched = []
+        if entry.get("cmdline") not in launched:
+            return f"not ours: the recorded command line {entry.get('cmdline')!r} is not one this cluster launches as {name}"
+        now = proc_identity.cmdline(pid)
+        if proc_identity.start_time(pid) != entry.get("start") or now not in launched:
+            return (
+                f"stale: pid {pid} is now {' '.join(now or ['?'])!r} started at {proc_identity.start_time(pid)},"
+                f" not {name} started at {entry.get('start')}"
+            )
+        if name.startswith("holder-"):
+            netns = Path(f"/var/run/netns/mpicd-{self.tag}-{name.removeprefix('holder-')}")
+            try:
+                inside = os.stat(f"/proc/{pid}/ns/net")
+                made = os.stat(netns)
+            except OSError:
+                return f"not ours: its network namespace {netns} is gone"
+            if (inside.st_dev, inside.st_ino) != (made.st_dev, made.st_ino):
+                return f"not ours: it is not inside {netns}"
+        why = proc_identity.never_signal(pid)
+        return f"refused: {why}" if why else None
+
+    def _remember(self, name: str, pid: int) -> None:
+        """Record ``name``'s identity now (again once it has exec'd what it runs for good)."""
+        self.state["identities"][name] = proc_identity.record(pid)
+        self._save()
 
     def link(self, node: str, up: bool) -> None:
         """Take ``node``'s link to the bridge down (a lost node) or bring it back."""
@@ -241,7 +325,20 @@ class NetnsCluster:
         if os.getuid() != 0:
             raise RuntimeError("network namespaces need root")
         if (self.root / "cluster.json").exists():
-            raise RuntimeError(f"{self.root} already holds a cluster: run `down` first")
+            other = NetnsCluster(self.root)
+            other.state = json.loads((self.root / "cluster.json").read_text())
+            other.tag = str(other.state.get("tag"))
+            live = [n for n in other.state.get("identities", {}) if TAG.match(other.tag) and not other._unproven(n)]
+            clear = (
+                f"python {Path(__file__).resolve()} down {self.root} (it signals only processes it proves"
+                " this cluster started, says what it skipped, and removes the stale file)"
+            )
+            if live:
+                raise RuntimeError(f"{self.root} holds a running cluster ({', '.join(live)}): stop it with {clear}")
+            raise RuntimeError(
+                f"{self.root} holds a stale cluster.json (none of its processes is alive as recorded: an"
+                f" earlier boot or session left it): clear it with {clear}"
+            )
         try:
             self._network()
             self._files()
@@ -255,7 +352,11 @@ class NetnsCluster:
         (self.root / "cluster.json").write_text(json.dumps(self.state, indent=1))
 
     def _network(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.root, 0o700)
+        why = _untrusted(self.root)
+        if why:
+            raise RuntimeError(why)
         subnet = ipaddress.ip_network(unused_subnet())
         hosts = list(subnet.hosts())
         self.state.update(subnet=str(subnet), bridge_address=str(hosts[0]), addresses={}, veths={})
@@ -314,7 +415,7 @@ class NetnsCluster:
                 node_list=",".join(self.names),
             )
         )
-        cases = "\n".join(f"  {n}) pid=$(cat {self.root}/{n}.holder) ;;" for n in self.names)
+        cases = "\n".join(f"  {n}) ;;" for n in self.names)
         self.rsh.write_text(RSH.format(root=self.root, cases=cases))
         self.rsh.chmod(0o755)
 
@@ -329,42 +430,53 @@ class NetnsCluster:
                 start_new_session=True,
             )
         self._procs[name] = proc
+        self._remember(name, proc.pid)  # Popen returns once the command is exec'd
         return proc.pid
+
+    # the command lines launched, one place: down() proves a process by them
+    def _holder_argv(self, node: str) -> list[str]:
+        script = (
+            f"hostname {node} && mount -t tmpfs -o mode=1777 tmpfs /tmp && mount -t tmpfs -o mode=1777 tmpfs"
+            f" /dev/shm && mount --bind {self.root / 'hosts'} /etc/hosts && exec sleep infinity"
+        )
+        return ["nsenter", f"--net=/var/run/netns/mpicd-{self.tag}-{node}", "unshare", "-u", "-m",
+                "--propagation", "private", "/bin/sh", "-c", script]  # fmt: skip
+
+    def _slurmd_argv(self, node: str) -> list[str]:
+        return self.on(node, "slurmd", "-D", "-N", node, "-f", str(self.conf), cwd=self.root)
+
+    # the daemons of the root network namespace get a mount namespace of their own, so that no
+    # process this cluster signals ever shares the caller's
+    def _munged_argv(self) -> list[str]:
+        munge = self.root / "munge"
+        return ["unshare", "-m", "--propagation", "private",
+                "munged", "--foreground", "--force", f"--socket={self.munge_socket}",
+                f"--key-file={munge / 'munge.key'}", f"--pid-file={munge / 'munged.pid'}",
+                f"--log-file={munge / 'munged.log'}", f"--seed-file={munge / 'munged.seed'}"]  # fmt: skip
+
+    def _slurmctld_argv(self) -> list[str]:
+        return ["unshare", "-m", "--propagation", "private", "slurmctld", "-D", "-i", "-f", str(self.conf)]
 
     def _daemons(self, timeout: float) -> None:
         for node in self.names:
-            script = (
-                f"hostname {node} && mount -t tmpfs -o mode=1777 tmpfs /tmp && mount -t tmpfs -o mode=1777 tmpfs"
-                f" /dev/shm && mount --bind {self.root / 'hosts'} /etc/hosts && exec sleep infinity"
-            )
-            pid = self._spawn(
-                f"holder-{node}",
-                ["nsenter", f"--net=/var/run/netns/mpicd-{self.tag}-{node}", "unshare", "-u", "-m",
-                 "--propagation", "private", "/bin/sh", "-c", script],
-            )  # fmt: skip
-            self.state["holders"][node] = pid
+            self.state["holders"][node] = self._spawn(f"holder-{node}", self._holder_argv(node))
             self._save()
         for node in self.names:  # the holder has exec'd sleep once its namespaces are ready
             pid = self.state["holders"][node]
             self._wait(lambda pid=pid: self._comm(pid) == "sleep", timeout, f"{node}'s namespaces were not ready")
-            (self.root / f"{node}.holder").write_text(str(pid))
-        munge = self.root / "munge"
-        self.state["daemons"]["munged"] = self._spawn(
-            "munged",
-            ["munged", "--foreground", "--force", f"--socket={self.munge_socket}", f"--key-file={munge / 'munge.key'}",
-             f"--pid-file={munge / 'munged.pid'}", f"--log-file={munge / 'munged.log'}",
-             f"--seed-file={munge / 'munged.seed'}"],
-        )  # fmt: skip
+            self._remember(f"holder-{node}", pid)
+            (self.root / f"{node}.holder").write_text(f"{pid} {self.state['identities'][f'holder-{node}']['start']}\n")
+        self.state["daemons"]["munged"] = self._spawn("munged", self._munged_argv())
         self._save()
         self._wait(self.munge_socket.exists, timeout, "munged did not create its socket")
-        self.state["daemons"]["slurmctld"] = self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
+        self.state["daemons"]["slurmctld"] = self._spawn("slurmctld", self._slurmctld_argv())
         self._save()
         for node in self.names:
-            self.state["daemons"][f"slurmd-{node}"] = self._spawn(
-                f"slurmd-{node}", self.on(node, "slurmd", "-D", "-N", node, "-f", str(self.conf))
-            )
+            self.state["daemons"][f"slurmd-{node}"] = self._spawn(f"slurmd-{node}", self._slurmd_argv(node))
             self._save()
         self._wait(self._idle, timeout, "the nodes did not all become idle in sinfo")
+        for name, pid in self.state["daemons"].items():  # each has exec'd its daemon by now
+            self._remember(name, pid)
 
     @staticmethod
     def _comm(pid: int) -> str:
@@ -393,27 +505,64 @@ class NetnsCluster:
             time.sleep(0.25)
 
     def down(self, timeout: float = 20) -> list[str]:
-        """Remove everything ``cluster.json`` records; the list of what could not be removed."""
+        """Remove everything ``cluster.json`` records that is provably this cluster's; the list of
+        what could not be removed and of what was skipped as not provably its own (also in
+        ``self.skipped``). The state file goes unless something could not be removed or a process that
+        may be this cluster's was refused (it shares the caller's mount namespace, say)."""
         state_file = self.root / "cluster.json"
+        self.skipped = []
         if state_file.exists():
+            why = _untrusted(self.root, state_file)
+            if why:
+                return [f"skipped everything: {why}"]
             self.state = json.loads(state_file.read_text())
-        problems = []
-        holders = self.state.get("holders", {})
-        for node, holder in holders.items():  # every process inside a node (job steps, ranks) first
-            if _alive(holder):
-                for pid in self.processes(node):
-                    _signal(pid, signal.SIGKILL)
+        tag = self.state.get("tag")
+        if not isinstance(tag, str) or not TAG.match(tag):
+            return [f"skipped everything: the recorded tag {tag!r} is not four hex digits"]
+        self.tag = tag
+        self.state.setdefault("identities", {})
+        problems: list[str] = []
+        refused = False
+
+        def proven(name: str) -> bool:
+            nonlocal refused
+            why = self._unproven(name)
+            if why and why != "gone":
+                self.skipped.append(f"skipped {name} (pid {self.state['identities'].get(name, {}).get('pid')}): {why}")
+                refused |= why.startswith("refused")  # perhaps ours after all: keep the record
+            return why is None
+
+        holders = {n: p for n, p in self.state.get("holders", {}).items() if NODE.match(str(n))}
+        own_holders = [node for node in holders if proven(f"holder-{node}")]
+        for node in own_holders:  # every process inside a node (job steps, ranks) first
+            ns = _ns(holders[node], "mnt")
+            try:
+                inside = self.processes(node)
+            except RuntimeError as err:  # the holder ended meanwhile
+                self.skipped.append(f"skipped the processes inside {node}: {err}")
+                inside = []
+            for pid in inside:
+                why = _kill_inside(pid, ns)
+                if why:
+                    self.skipped.append(f"skipped a process inside {node}: {why}")
         daemons = self.state.get("daemons", {})
         order = [k for k in daemons if k.startswith("slurmd-")] + ["slurmctld", "munged"]
         for name in order:
-            if name in daemons:
-                self._stop(daemons[name], timeout)
-        for holder in holders.values():
-            self._stop(holder, timeout)
+            if name in daemons and proven(name):
+                self._stop(name, timeout)
+        for node in own_holders:
+            self._stop(f"holder-{node}", timeout)
+        own_netns = re.compile(rf"^mpicd-{tag}-node[1-9][0-9]*$")
         for netns in self.state.get("netns", []):
-            if _ip("netns", "del", netns, check=False).returncode != 0 and Path(f"/var/run/netns/{netns}").exists():
+            if not own_netns.match(str(netns)):
+                self.skipped.append(f"skipped netns {netns!r}: not named with this cluster's tag {tag}")
+            elif _ip("netns", "del", netns, check=False).returncode != 0 and Path(f"/var/run/netns/{netns}").exists():
                 problems.append(f"netns {netns}")
+        own_link = re.compile(rf"^mcd{tag}(br|v[1-9][0-9]*)$")
         for link in reversed(self.state.get("links", [])):  # a veth goes (asynchronously) with its namespace's end
+            if not own_link.match(str(link)):
+                self.skipped.append(f"skipped link {link!r}: not named with this cluster's tag {tag}")
+                continue
             for _ in range(50):
                 if _ip("link", "show", link, check=False).returncode != 0:
                     break
@@ -421,28 +570,83 @@ class NetnsCluster:
                 time.sleep(0.1)
             else:
                 problems.append(f"link {link}")
-        state_file.unlink(missing_ok=True)
-        return problems
+        if not refused and not problems:
+            state_file.unlink(missing_ok=True)
+        return problems + self.skipped
 
-    def _stop(self, pid: int, timeout: float) -> None:
-        proc = next((p for p in self._procs.values() if p.pid == pid), None)
-        _signal(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < deadline:
-            if proc is not None:
-                proc.poll()
-            time.sleep(0.1)
-        if _alive(pid):
-            _signal(pid, signal.SIGKILL)
+    def _stop(self, name: str, timeout: float) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``, to the process ``name``, each signal only while
+        it is still provably this cluster's (through a pidfd: a pid reused meanwhile is never hit)."""
+        entry = self.state["identities"][name]
+        proc = self._procs.get(name) if self._procs.get(name) and self._procs[name].pid == entry["pid"] else None
+        if self._signal_proven(name, signal.SIGTERM):
+            deadline = time.monotonic() + timeout
+            while not self._unproven(name) and time.monotonic() < deadline:
+                if proc is not None:
+                    proc.poll()
+                time.sleep(0.1)
+            self._signal_proven(name, signal.SIGKILL)
         if proc is not None:
-            proc.wait(timeout)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.skipped.append(f"{name} (pid {proc.pid}) did not end")
+
+    def _signal_proven(self, name: str, sig: int) -> bool:
+        pid = self.state["identities"][name]["pid"]
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return False
+        try:
+            if self._unproven(name):  # checked with the pidfd open: it names the process checked
+                return False
+            signal.pidfd_send_signal(fd, sig)
+            return True
+        except ProcessLookupError:
+            return False
+        finally:
+            os.close(fd)
 
 
-def _signal(pid: int, sig: int) -> None:
+def _untrusted(folder: Path, *files: Path) -> str | None:
+    """Why the cluster folder (or a state file in it) is not to be trusted, or None: it must be
+    this user's (root's), a real folder, and writable by nobody else."""
+    for path in (folder, *files):
+        try:
+            info = os.lstat(path)
+        except OSError as err:
+            return f"{path}: {err.strerror}"
+        if stat.S_ISLNK(info.st_mode):
+            return f"{path} is a symbolic link"
+        if info.st_uid != os.getuid():
+            return f"{path} belongs to uid {info.st_uid}, not {os.getuid()}"
+        if info.st_mode & 0o022:
+            return f"{path} is writable by group or others (mode {stat.S_IMODE(info.st_mode):o}): chmod 700 it"
+    if stat.S_IMODE(os.lstat(folder).st_mode) & 0o077:
+        return f"{folder} is open to group or others (mode {stat.S_IMODE(os.lstat(folder).st_mode):o}): chmod 700 it"
+    return None
+
+
+def _kill_inside(pid: int, ns: str | None) -> str | None:
+    """SIGKILL ``pid`` if it is (checked through a pidfd) still inside mount namespace ``ns`` and
+    may be signalled; why not, or None."""
     try:
-        os.kill(pid, sig)
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    try:
+        if ns is None or _ns(pid, "mnt") != ns:
+            return None  # gone, or a reused pid elsewhere
+        why = proc_identity.never_signal(pid)
+        if why:
+            return why
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    finally:
+        os.close(fd)
+    return None
 
 
 def main(argv: list[str]) -> int:
@@ -457,7 +661,11 @@ def main(argv: list[str]) -> int:
         if missing:
             print(f"netns_cluster: missing {', '.join(missing)} (bash jobs/setup.sh installs Slurm)", file=sys.stderr)
             return 2
-        cluster = NetnsCluster(folder, nodes).up()
+        try:
+            cluster = NetnsCluster(folder, nodes).up()
+        except RuntimeError as err:
+            print(f"netns_cluster: {err}", file=sys.stderr)
+            return 1
         # the daemons run in their own sessions: they outlive this command until `down`
         print(
             f"# {nodes} nodes ({', '.join(cluster.names)}) on {cluster.subnet}; stop with: {sys.argv[0]} down {folder}"
@@ -468,13 +676,26 @@ def main(argv: list[str]) -> int:
         print(f"export MPICD_NETNS={folder}")
         return 0
     if argv[0] == "down":
-        problems = NetnsCluster(Path(argv[1]) if len(argv) > 1 else DEFAULT_FOLDER).down()
-        for p in problems:
-            print(f"netns_cluster: could not remove {p}", file=sys.stderr)
-        return 1 if problems else 0
+        cluster = NetnsCluster(Path(argv[1]) if len(argv) > 1 else DEFAULT_FOLDER)
+        reported = cluster.down()
+        for line in reported:
+            print(
+                f"netns_cluster: {line if line.startswith('skipped') else 'could not remove ' + line}", file=sys.stderr
+            )
+        kept = (cluster.root / "cluster.json").exists()
+        if kept:
+            print(f"netns_cluster: kept {cluster.root / 'cluster.json'} (something in it may still be running)")
+        return 1 if kept else 0
     if argv[0] == "exec" and len(argv) >= 3:
         cluster = NetnsCluster(Path(os.environ.get("MPICD_NETNS", DEFAULT_FOLDER)))
-        cluster.state = json.loads((cluster.root / "cluster.json").read_text())
+        why = _untrusted(cluster.root, cluster.root / "cluster.json")
+        if not why:
+            cluster.state = json.loads((cluster.root / "cluster.json").read_text())
+            cluster.tag = str(cluster.state.get("tag"))
+            why = cluster._unproven(f"holder-{argv[1]}") if TAG.match(cluster.tag) else "no valid tag recorded"
+        if why:
+            print(f"netns_cluster: cannot run on {argv[1]}: {why}", file=sys.stderr)
+            return 1
         os.execvp("nsenter", cluster.on(argv[1], *argv[2:]))
     print(usage, file=sys.stderr)
     return 2
