@@ -149,7 +149,7 @@ def measure(
 
 def dataset_bytes(data: str, image_size: int | None) -> int:
     """float32 bytes of all three splits as mpicd holds them (1 channel, image_size^2 or the file's size)."""
-    with np.load(data) as npz:
+    with np.load(data, allow_pickle=False) as npz:
         shapes = [npz[f"{split}_images"].shape for split in ("train", "val", "test")]
     return sum(4 * s[0] * (image_size**2 if image_size else s[1] * s[2]) for s in shapes)
 

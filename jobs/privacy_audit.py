@@ -276,7 +276,7 @@ def fedavg_rows(args, plan) -> list[dict]:
                 raise RuntimeError(
                     f"the FedAvg run failed ({done.returncode}): {' '.join(command)}\n{done.stderr[-4000:]}"
                 )
-            states = [torch.load(Path(folder) / f"model_client{i}.pt") for i in range(args.clients)]
+            states = [torch.load(Path(folder) / f"model_client{i}.pt", weights_only=True) for i in range(args.clients)]
             with h5py.File(Path(folder) / "run.h5", "r") as results:
                 accounted = float(results["metrics/epsilon"][-1].max()) if privacy else math.inf
         if any(any(not torch.equal(s[k], states[0][k]) for k in s) for s in states[1:]):

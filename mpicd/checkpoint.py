@@ -8,21 +8,66 @@ Allreduce), so no rank can be more than one checkpoint ahead of another, and the
 every rank holds always survives; so does the newest at or before the rounds the results file
 holds (its rows are flushed every few rounds), where a resume after a crash starts. Another run's checkpoints in the same
 folder (a results file deleted and made again, say) are never loaded and never count towards this run's two.
+
+A checkpoint is read back, so it must not be able to run code: it holds tensors and plain types only
+(numpy arrays become tensors tagged with :data:`NDARRAY`), is loaded with ``weights_only=True``, and a
+file that opens but that loader refuses (a planted pickle) stops the resume with :class:`Refused`
+naming it, instead of being skipped as a torn write is. The temporary file of a write has an
+unpredictable name and is created exclusively, never through a link (:mod:`mpicd.exclusive`).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
+
+from . import exclusive
 
 KEEP = 2
 _NAME = re.compile(r"^rank(\d+)\.round(\d+)(?:\.([0-9a-f]{16}))?\.pt$")  # no id: made before run ids
 _TEMPORARY = re.compile(r"^\.rank\d+\.round\d+.*\.tmp$")
+NDARRAY, NPSCALAR = "__mpicd_ndarray__", "__mpicd_numpy_scalar__"  # a one-key dict holding the tensor
+
+
+class Refused(ValueError):
+    """A file with a checkpoint's name that the weights-only loader refuses: not one mpicd wrote."""
+
+    def __init__(self, path: Path, why: str):
+        self.path = path
+        super().__init__(f"{path}: {why}")
+
+
+def plain(value):
+    """``value`` with every numpy array and scalar as a tagged tensor: what weights_only loads."""
+    if isinstance(value, np.ndarray):
+        return {NDARRAY: torch.from_numpy(np.array(value, copy=True, order="C"))}
+    if isinstance(value, np.generic):
+        return {NPSCALAR: torch.from_numpy(np.array(value).reshape(1))}
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(item) for item in value)
+    return value
+
+
+def unplain(value):
+    """The inverse of :func:`plain`: the same numpy types and values back."""
+    if isinstance(value, dict):
+        if len(value) == 1 and NDARRAY in value:
+            return value[NDARRAY].numpy()
+        if len(value) == 1 and NPSCALAR in value:
+            return value[NPSCALAR].numpy()[0]
+        return {key: unplain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(unplain(item) for item in value)
+    return value
 
 
 def folder_for(results: str | Path) -> Path:
@@ -71,10 +116,10 @@ def save(
     renamed (fault injection: ``debug.fail_at: in_checkpoint``)."""
     folder.mkdir(parents=True, exist_ok=True)
     final = path_for(folder, rank, completed, run_id)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    tmp = exclusive.name(folder, f".{final.name}.{os.getpid()}.", ".tmp")
     try:
-        with open(tmp, "wb") as fh:
-            torch.save({**state, "run_id": run_id}, fh)
+        with exclusive.open_new(tmp, 0o600) as fh:
+            torch.save(plain({**state, "run_id": run_id}), fh)
             fh.flush()
             during()
             os.fsync(fh.fileno())
@@ -125,12 +170,20 @@ def disk_full(err: BaseException) -> OSError | None:
 
 def load(folder: Path, rank: int, completed: int, run_id: str, device: torch.device) -> dict | None:
     """The state of run ``run_id`` saved after ``completed`` rounds, or None if it is absent,
-    does not load, or names another run inside."""
+    torn (it does not open), or names another run inside; :class:`Refused` if it opens but holds
+    more than tensors and plain types (nothing in it is run: the weights-only loader stops first)."""
+    path = path_for(folder, rank, completed, run_id)
     try:
-        state = torch.load(path_for(folder, rank, completed, run_id), map_location=device, weights_only=False)
-    except Exception:  # noqa: BLE001 - a torn or foreign file is ignored, never trusted
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as err:  # weights_only's refusal: a global or an opcode it does not allow
+        lines = str(err).splitlines()
+        detail = next((line.strip() for line in lines if "Unsupported" in line), lines[0] if lines else "")
+        raise Refused(path, f"not a checkpoint mpicd wrote: the weights-only loader refused it ({detail})") from None
+    except Exception:  # noqa: BLE001 - a torn file (a killed write) is ignored, never trusted
         return None
-    return state if isinstance(state, dict) and state.get("run_id") == run_id else None
+    if not isinstance(state, dict) or state.get("run_id") != run_id:  # before anything else in it is used
+        return None
+    return unplain(state)
 
 
 def discard(folder: Path, rank: int, run_id: str, newer_than: int = -1) -> None:
@@ -142,7 +195,7 @@ def discard(folder: Path, rank: int, run_id: str, newer_than: int = -1) -> None:
         if completed > newer_than:
             path_for(folder, rank, completed, run_id).unlink(missing_ok=True)
     if folder.is_dir():
-        torn = re.compile(rf"^\.rank{rank}\.round\d+\.{re.escape(run_id)}\.pt\.\d+\.tmp$")
+        torn = re.compile(rf"^\.rank{rank}\.round\d+\.{re.escape(run_id)}\.pt\.\d+(\.[0-9a-f]{{16}})?\.tmp$")
         for entry in folder.iterdir():
             if torn.match(entry.name):
                 entry.unlink(missing_ok=True)

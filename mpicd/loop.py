@@ -211,7 +211,22 @@ def resume_point(plan: Plan, clients: list[Client], comm, out: Path, decision: s
     folder = checkpoint.folder_for(out)
     indices = [c.index for c in clients]
     agreed = agree_on_checkpoint(comm, folder, decision.run_id, decision.bound, indices)
-    states = [checkpoint.load(folder, c.index, agreed, decision.run_id, c.device) if agreed else None for c in clients]
+    states, refused = [], []
+    for c in clients:
+        try:
+            states.append(checkpoint.load(folder, c.index, agreed, decision.run_id, c.device) if agreed else None)
+        except checkpoint.Refused:
+            states.append(None)
+            refused.append(c.index)
+    none = plan.config.clients  # more than any client index: no file was refused
+    first = int(comm.allreduce_min(np.array([min(refused, default=none)], dtype=np.int64))[0])
+    if first < none:  # every rank raises, so none is left in a collective; rank 0 prints it
+        raise ConfigError(
+            "--resume",
+            f"{checkpoint.path_for(folder, first, agreed, decision.run_id)} is not a checkpoint mpicd wrote"
+            " (it holds more than tensors and plain types; nothing in it was run): move it away to resume"
+            " from an older checkpoint, or start a new output",
+        )
     ok = int(comm.allreduce_min(np.array([int(all(s is not None for s in states))], dtype=np.int64))[0])
     for c in indices:
         checkpoint.discard(folder, c, decision.run_id, newer_than=agreed if ok else -1)

@@ -653,6 +653,7 @@ def check_output_location(path: str | Path, need_bytes: int) -> None:
     import os
     import shutil
 
+    from . import exclusive
     from .config import ConfigError
 
     path = Path(path)
@@ -661,8 +662,9 @@ def check_output_location(path: str | Path, need_bytes: int) -> None:
     folder = path.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".{path.name}.{os.getpid()}.probe"
-        probe.write_bytes(b"mpicd")
+        probe, fh = exclusive.create(folder, f".{path.name}.{os.getpid()}.", ".probe")
+        with fh:
+            fh.write(b"mpicd")
         probe.unlink()
     except OSError as err:
         raise ConfigError("output", f"cannot write in {str(folder)!r}: {err.strerror or err}") from None

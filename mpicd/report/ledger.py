@@ -22,6 +22,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from .. import exclusive
 from ..config import config_difference
 from ..results import Results, ResultsFileError
 from .runs import SCORES, SPLITS, Cell, ReportError, RunSummary, _planned, summarize
@@ -293,9 +294,10 @@ def update(ledger: str | Path, result_paths: Iterable[str | Path]) -> Update:
         added += 1
     text = "".join(_line(entries[name]) + "\n" for name in sorted(entries))
     if not ledger.exists() or ledger.read_text() != text:
-        temporary = ledger.with_name(f".{ledger.name}.{os.getpid()}.tmp")  # beside it: os.replace is atomic
+        temporary, fh = exclusive.create(ledger.parent, f".{ledger.name}.{os.getpid()}.", ".tmp")  # os.replace: atomic
         try:
-            temporary.write_text(text)
+            with fh:
+                fh.write(text.encode())
             os.replace(temporary, ledger)
         finally:
             temporary.unlink(missing_ok=True)  # a failed write (a full disk) leaves the ledger as it was
