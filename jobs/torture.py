@@ -57,6 +57,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proc_identity  # noqa: E402 - jobs/ is not a package
+
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 # The mpicd every job runs and every check reads (use_code): by default a copy taken at the start,
@@ -140,7 +143,9 @@ class Attempt:
                 command, cwd=CODE, env=mpi_env(scratch), stdout=so, stderr=se, start_new_session=True
             )
         self.started = time.monotonic()
-        self.seen: list[int] = []  # every pid of the session ever seen (to check none is left)
+        # every process of the session ever seen, by identity (pid, start time, command line), to
+        # check that none is left and to kill only those: a pid seen once may be someone else's later
+        self.seen: dict[tuple[int, int], dict] = {}
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -154,7 +159,10 @@ class Attempt:
                         pids.append(int(entry))
                 except (ProcessLookupError, PermissionError):
                     pass
-        self.seen = sorted(set(self.seen) | set(pids))
+        for pid in pids:  # (re-)recorded while in the session: its command line after any exec
+            entry = proc_identity.record(pid)
+            if entry["start"] is not None:
+                self.seen[(pid, entry["start"])] = entry
         return pids
 
     def ranks(self) -> dict[int, int]:
@@ -183,11 +191,9 @@ class Attempt:
         return int(rounds[-1][0]) if rounds else 0
 
     def kill_job(self) -> None:
-        for pid in self.session():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        self.session()
+        for entry in self.seen.values():
+            proc_identity.signal_if_still(entry, signal.SIGKILL, foreign_namespace=False)
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -199,17 +205,15 @@ class Attempt:
         """Processes of the job still alive ``grace`` seconds after mpirun ended (then killed)."""
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
-            alive = [pid for pid in set(self.seen) | set(self.session()) if _alive(pid)]
-            if not alive:
+            self.session()
+            if not any(proc_identity.still(entry) for entry in self.seen.values()):
                 return []
             time.sleep(0.05)
-        alive = [pid for pid in set(self.seen) | set(self.session()) if _alive(pid)]
-        for pid in alive:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return alive
+        self.session()
+        alive = [entry for entry in self.seen.values() if proc_identity.still(entry)]
+        for entry in alive:  # only a process that is still the one seen in the job's session
+            proc_identity.signal_if_still(entry, signal.SIGKILL, foreign_namespace=False)
+        return [entry["pid"] for entry in alive]
 
 
 def base_overrides(ranks: int, rounds: int, epochs: int, algorithm: str) -> list[str]:

@@ -114,8 +114,29 @@ class SlurmCluster:
             raise
         return self
 
+    def jobs(self) -> list[str]:
+        """The ids of the jobs this cluster still holds (pending, running or completing)."""
+        done = self.run("squeue", "--noheader", "--format=%i", timeout=15)
+        return done.stdout.split() if done.returncode == 0 else []
+
+    def cancel_all(self, timeout: float = 30) -> list[str]:
+        """scancel every job of this cluster and wait until squeue lists none; the ids still there."""
+        left = self.jobs()
+        if left:
+            self.run("scancel", *left, timeout=15)
+            deadline = time.monotonic() + timeout
+            while (left := self.jobs()) and time.monotonic() < deadline:
+                time.sleep(0.5)
+        return left
+
     def stop(self, timeout: float = 30) -> None:
-        """SIGTERM each daemon we started (node, controller, munge), then wait for it; SIGKILL if it lingers."""
+        """Cancel every job (a failed test's job must not outlive its cluster), then SIGTERM each
+        daemon we started (node, controller, munge) and wait for it; SIGKILL if it lingers."""
+        if self.daemons.get("slurmctld") is not None and self.daemons["slurmctld"].poll() is None:
+            try:
+                self.cancel_all(timeout)
+            except subprocess.TimeoutExpired:
+                pass
         for name in ("slurmd", "slurmctld", "munged"):
             proc = self.daemons.pop(name, None)
             if proc is None or proc.poll() is not None:

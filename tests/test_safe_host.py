@@ -61,3 +61,19 @@ def test_a_proven_holder_is_stopped_with_what_runs_inside_it():
     facts = sandboxed("genuine")
     assert facts["alive"] == {"canary": True, "holder": False, "inside": False}, facts
     assert facts["reported"] == [] and not facts["state_kept"] and not facts["netns_left"], facts
+
+
+def test_pause_sh_signals_only_the_study_it_can_prove(tmp_path):
+    """docs/results/pause.sh, in a PID-namespace sandbox: a stale record and one naming the
+    caller's own group signal nothing; the genuine study's group is stopped and continued."""
+    command = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(DRIVERS / "pause_forged.py")]
+    done = subprocess.run([*command, str(tmp_path), "docs/results/run.sh"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"the sandbox failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert facts["stale"]["rc"] == 1 and not facts["stale"]["stopped"], facts["stale"]
+    assert "started at" in facts["stale"]["err"] and "nothing signalled" in facts["stale"]["err"], facts["stale"]
+    assert facts["own"]["rc"] == 1 and "own group" in facts["own"]["err"], facts["own"]
+    assert not facts["own"]["canary_stopped"], facts["own"]
+    assert facts["genuine_stop"]["rc"] == 0 and facts["genuine_stop"]["stopped"], facts["genuine_stop"]
+    assert facts["genuine_cont"]["rc"] == 0 and not facts["genuine_cont"]["stopped"], facts["genuine_cont"]
+    assert facts["canary_alive"], facts

@@ -31,6 +31,16 @@ def job_env(slurm, **more) -> dict:
     }
 
 
+@pytest.fixture(autouse=True)
+def no_job_outlives_its_test(request):
+    """A test that submits jobs leaves none behind, whether it passed or failed (a --wait that
+    timed out leaves its job running): every job still queued is cancelled when the test ends."""
+    yield
+    if "slurm" in request.fixturenames:
+        left = request.getfixturevalue("slurm").cancel_all()
+        assert not left, f"jobs {left} still queued 30 s after scancel"
+
+
 def sbatch(slurm, *args: str, env: dict, wait: bool = True, timeout: float = JOB_TIMEOUT) -> tuple[int, str]:
     """Submit from the project folder; (sbatch's exit status, which with --wait is the job's, job id)."""
     command = ["sbatch", "--parsable", *(["--wait"] if wait else []), *args]

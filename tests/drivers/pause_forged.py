@@ -1,0 +1,81 @@
+"""Run as pid 1 of a sandbox (``unshare --pid --fork --mount-proc``), with ``docs/results/run.sh``
+among its arguments: docs/results/pause.sh against a genuine, a stale and a self-naming study
+record. argv: STATE_FOLDER docs/results/run.sh. Prints one JSON object of what it saw.
+
+The "study" is ``bash -c 'sleep 300' docs/results/run.sh`` started as a session of its own (as
+run.sh makes itself), recorded as run.sh records itself; a canary outside it must never stop.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "jobs"))
+
+import proc_identity  # noqa: E402
+
+
+def pause(state: Path, action: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "STUDY_STATE": str(state)}
+    return subprocess.run(
+        ["bash", "docs/results/pause.sh", action], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def record(state: Path, pgid: int, start: int, session: int) -> None:
+    (state / "study.pgid").write_text(f"{pgid}\n")
+    (state / "study.proof").write_text(f"{pgid} {start} {session}\n")
+
+
+def settle(pid: int, stopped: bool) -> bool:
+    deadline = time.monotonic() + 5
+    while (proc_identity.state(pid) == "T") != stopped and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return proc_identity.state(pid) == "T"
+
+
+def main(state: Path) -> dict:
+    assert os.getpid() == 1, "not the first process of a PID-namespace sandbox: refusing to act"
+    os.setpgid(0, 0)
+    canary = subprocess.Popen(["sleep", "300"])
+    study = subprocess.Popen(["bash", "-c", "sleep 300; :", "docs/results/run.sh"], start_new_session=True)
+    time.sleep(0.3)
+    facts: dict = {}
+    try:
+        start = proc_identity.start_time(study.pid)
+        record(state, study.pid, start + 1, study.pid)  # stale: a reused pid started at another time
+        done = pause(state, "stop")
+        facts["stale"] = {"rc": done.returncode, "err": done.stderr, "stopped": settle(study.pid, True)}
+        # a caller whose own group and session the record names: it records itself, then becomes pause.sh
+        selfish = (
+            f'echo $$ > {state}/study.pgid; echo "$$ $(sed "s/.*) //" /proc/$$/stat | cut -d" " -f20) $$"'
+            f" > {state}/study.proof; exec bash docs/results/pause.sh stop"
+        )
+        done = subprocess.run(
+            ["bash", "-c", selfish, "docs/results/run.sh"],
+            cwd=ROOT,
+            env={**os.environ, "STUDY_STATE": str(state)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            start_new_session=True,
+        )
+        facts["own"] = {"rc": done.returncode, "err": done.stderr, "canary_stopped": settle(canary.pid, True)}
+        record(state, study.pid, start, study.pid)  # genuine
+        done = pause(state, "stop")
+        facts["genuine_stop"] = {"rc": done.returncode, "err": done.stderr, "stopped": settle(study.pid, True)}
+        done = pause(state, "cont")
+        facts["genuine_cont"] = {"rc": done.returncode, "err": done.stderr, "stopped": settle(study.pid, False)}
+        facts["canary_alive"] = canary.poll() is None and proc_identity.state(canary.pid) != "T"
+        return facts
+    finally:
+        for proc in (canary, study):
+            proc.kill()
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(Path(sys.argv[1]))))
