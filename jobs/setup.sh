@@ -12,29 +12,32 @@ HDF5_DIR="/usr/lib/$MULTIARCH/hdf5/openmpi"
 TORCH_PIN="torch==2.14.1 torchvision==0.29.1"
 
 log() { printf '[setup] %s\n' "$*"; }
+# shellcheck source=jobs/setup_lib.sh
+source jobs/setup_lib.sh  # policy-rc.d, a site's Slurm, the wheel cache
 
 # 1. System packages (skipped when present): Open MPI, parallel HDF5, and Slurm + munge for the
-#    tests' throw-away cluster (tests/slurm_cluster.py starts its own daemons). apt must not start
-#    any daemon: a policy-rc.d that says no is in place while it runs (unless the site has one).
+#    tests' throw-away cluster (tests/slurm_cluster.py starts its own daemons), unless the site has
+#    a Slurm of its own: never installed over (the Slurm tests use it or say why they skip). apt
+#    must not start any daemon: a policy-rc.d that says no is in place while it runs, and gone on
+#    every way out (with_policy_rc_d), unless the site has its own.
 have() { PATH="$PATH:/usr/sbin:/sbin" command -v "$1" >/dev/null; }
-if ! have mpicc || ! have mpirun || [ ! -d "$HDF5_DIR/include" ] \
-   || ! have slurmctld || ! have slurmd || ! have sbatch || ! have munged; then
-  log "installing Open MPI, parallel HDF5, Slurm and munge (apt)"
+packages=(libhdf5-openmpi-dev openmpi-bin libopenmpi-dev pkg-config)
+if site_slurm; then
+  log "a site Slurm is installed ($(command -v sbatch), not Debian's): not installing Slurm or munge over it"
+elif ! have slurmctld || ! have slurmd || ! have sbatch || ! have munged; then
+  packages+=(slurmctld slurmd slurm-client munge)
+fi
+if ! have mpicc || ! have mpirun || [ ! -d "$HDF5_DIR/include" ] || ((${#packages[@]} > 4)); then
+  log "installing ${packages[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
-    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
-    chmod 755 /usr/sbin/policy-rc.d
-  fi
-  apt-get update -qq
-  apt-get install -y -qq libhdf5-openmpi-dev openmpi-bin libopenmpi-dev pkg-config \
-    slurmctld slurmd slurm-client munge >/dev/null
+  with_policy_rc_d apt-get update -qq
+  with_policy_rc_d apt-get install -y -qq "${packages[@]}" >/dev/null
 fi
 
 # 2. Stamp: what this environment was built from. Unchanged -> nothing to do.
 HDF5_VER=$(dpkg-query -W -f='${Version}' libhdf5-openmpi-dev 2>/dev/null || echo unknown)
 MPI_VER=$(dpkg-query -W -f='${Version}' libopenmpi-dev 2>/dev/null || echo unknown)
-STAMP_TEXT="$(cat "$0" setup.cfg 2>/dev/null | sha256sum | cut -c1-16) hdf5=$HDF5_VER mpi=$MPI_VER"
+STAMP_TEXT="$(cat "$0" jobs/setup_lib.sh setup.cfg 2>/dev/null | sha256sum | cut -c1-16) hdf5=$HDF5_VER mpi=$MPI_VER"
 STAMP="$VENV/.mpicd-setup"
 if [ -x "$PY" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_TEXT" ]; then
   log "environment up to date ($VENV)"
@@ -49,18 +52,25 @@ fi
 # 4. mpi4py and h5py, compiled against the system Open MPI / parallel HDF5.
 #    Built wheels are cached outside the clone (keyed by the library versions) so later
 #    CI runs skip the ~5 min compile; a fresh machine builds them once.
-CACHE="${MPICD_WHEEL_CACHE:-$HOME/.cache/mpicd-wheels}/$(echo "hdf5=$HDF5_VER mpi=$MPI_VER $("$PY" -c 'import sys;print(sys.version_info[:2])')" | sha256sum | cut -c1-12)"
-mkdir -p "$CACHE"
-if ! ls "$CACHE"/mpi4py-*.whl >/dev/null 2>&1; then
+#    The cache is a folder of this user's, mode 0700; a wheel is built in a temporary folder and
+#    moved in whole, and a cached one is tested (a truncated zip is rebuilt, never installed).
+BASE="${MPICD_WHEEL_CACHE:-$HOME/.cache/mpicd-wheels}"
+private_folder "$BASE"
+CACHE="$BASE/$(echo "hdf5=$HDF5_VER mpi=$MPI_VER $("$PY" -c 'import sys;print(sys.version_info[:2])')" | sha256sum | cut -c1-12)"
+private_folder "$CACHE"
+export PYTHON="$PY"
+build_mpi4py() {
   log "compiling mpi4py against $(mpicc --showme:version 2>&1 | head -1)"
-  MPICC=mpicc "$PY" -m pip wheel -q --no-deps --no-binary=mpi4py -w "$CACHE" mpi4py
-fi
-"$PY" -m pip install -q --no-index --find-links "$CACHE" mpi4py  # h5py's MPI build imports it
-if ! ls "$CACHE"/h5py-*.whl >/dev/null 2>&1; then
+  MPICC=mpicc "$PY" -m pip wheel -q --no-deps --no-binary=mpi4py -w "$1" mpi4py
+}
+build_h5py() {
   log "compiling h5py against parallel HDF5 in $HDF5_DIR (several minutes)"
   CC=mpicc HDF5_MPI=ON HDF5_DIR="$HDF5_DIR" "$PY" -m pip wheel -q --no-deps \
-    --no-binary=h5py --no-build-isolation -w "$CACHE" h5py
-fi
+    --no-binary=h5py --no-build-isolation -w "$1" h5py
+}
+cached_wheel "$CACHE" mpi4py build_mpi4py
+"$PY" -m pip install -q --no-index --find-links "$CACHE" mpi4py  # h5py's MPI build imports it
+cached_wheel "$CACHE" h5py build_h5py
 "$PY" -m pip install -q --no-index --find-links "$CACHE" h5py
 "$PY" -c 'import h5py, sys; sys.exit(0 if h5py.get_config().mpi else "h5py was built without MPI")'
 
