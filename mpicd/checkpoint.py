@@ -2,7 +2,7 @@
 
 Each rank saves its whole state after a round into ``<results>.ckpt/rank<R>.round<N>.<RUN>.pt``
 (N = rounds completed, RUN = the run's id, :mod:`mpicd.identity`): written to a temporary file,
-fsynced, renamed, so a checkpoint is either complete or absent; a file that does not load is
+fsynced, renamed, so a checkpoint is either complete or absent; a file that does not open is
 ignored. The last two per rank *of this run* are kept: ranks synchronise every round (the progress
 Allreduce), so no rank can be more than one checkpoint ahead of another, and the newest round that
 every rank holds always survives; so does the newest at or before the rounds the results file
@@ -19,10 +19,14 @@ unpredictable name and is created exclusively, never through a link (:mod:`mpicd
 from __future__ import annotations
 
 import errno
+import io
 import os
 import pickle
+import pickletools
 import re
 import shutil
+import zipfile
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +38,7 @@ KEEP = 2
 _NAME = re.compile(r"^rank(\d+)\.round(\d+)(?:\.([0-9a-f]{16}))?\.pt$")  # no id: made before run ids
 _TEMPORARY = re.compile(r"^\.rank\d+\.round\d+.*\.tmp$")
 NDARRAY, NPSCALAR = "__mpicd_ndarray__", "__mpicd_numpy_scalar__"  # a one-key dict holding the tensor
+_LEAVES = (int, float, bool, str, bytes, type(None))
 
 
 class Refused(ValueError):
@@ -45,26 +50,40 @@ class Refused(ValueError):
 
 
 def plain(value):
-    """``value`` with every numpy array and scalar as a tagged tensor: what weights_only loads."""
+    """``value`` with every numpy array and scalar as a tagged tensor: what weights_only loads. Any
+    other type (an object, a generator, a set) is refused here, at the first checkpoint, not by the
+    loader at the resume."""
     if isinstance(value, np.ndarray):
         return {NDARRAY: torch.from_numpy(np.array(value, copy=True, order="C"))}
     if isinstance(value, np.generic):
         return {NPSCALAR: torch.from_numpy(np.array(value).reshape(1))}
-    if isinstance(value, dict):
-        return {key: plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
+    if type(value) in (dict, OrderedDict):  # a state_dict's OrderedDict keeps its _metadata (versions)
+        wrong = next((key for key in value if type(key) not in (str, int)), None)
+        if wrong is not None:
+            raise TypeError(f"a checkpoint's keys are str or int, not {type(wrong).__name__} ({wrong!r})")
+        copy = type(value)((key, plain(item)) for key, item in value.items())
+        if hasattr(value, "_metadata"):
+            copy._metadata = value._metadata
+        return copy
+    if type(value) in (list, tuple):
         return type(value)(plain(item) for item in value)
-    return value
+    if isinstance(value, torch.Tensor) or type(value) in _LEAVES:
+        return value
+    raise TypeError(f"a checkpoint holds tensors and plain types only, not {type(value).__qualname__}")
 
 
 def unplain(value):
-    """The inverse of :func:`plain`: the same numpy types and values back."""
+    """The inverse of :func:`plain`: the same numpy types and values back (on the CPU, where numpy
+    lives, whatever device the tensors were loaded onto)."""
     if isinstance(value, dict):
         if len(value) == 1 and NDARRAY in value:
-            return value[NDARRAY].numpy()
+            return value[NDARRAY].cpu().numpy()
         if len(value) == 1 and NPSCALAR in value:
-            return value[NPSCALAR].numpy()[0]
-        return {key: unplain(item) for key, item in value.items()}
+            return value[NPSCALAR].cpu().numpy()[0]
+        copy = type(value)((key, unplain(item)) for key, item in value.items())
+        if hasattr(value, "_metadata"):
+            copy._metadata = value._metadata
+        return copy
     if isinstance(value, (list, tuple)):
         return type(value)(unplain(item) for item in value)
     return value
@@ -168,16 +187,46 @@ def disk_full(err: BaseException) -> OSError | None:
     return None
 
 
+_PARSED = 2**28  # bytes of a refused file parsed for opcodes
+_CALLS = ("GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD")
+
+
+def _is_pickle(path: Path) -> bool:
+    """Whether the file starts with whole, consistent pickles one of which names or calls something
+    (a raw pickle planted there, of any protocol, or torch's legacy format, a few pickles in a row):
+    :func:`pickletools.dis` checks the opcodes, stack and memo, and never resolves nor calls what they
+    name. Garbage (zeros, a cut-short write) is no such pickle."""
+    try:
+        with open(path, "rb") as fh:  # in memory: a garbled length (BINBYTES8) then reads what is there
+            stream = io.BytesIO(fh.read(_PARSED))
+    except OSError:
+        return False
+    while stream.tell() < len(stream.getbuffer()):
+        start = stream.tell()
+        try:
+            pickletools.dis(stream, out=io.StringIO())  # raises on garbage: stack, memo, arguments
+        except Exception:  # noqa: BLE001 - no opcode there, a cut-short argument, an unbalanced stack
+            return False
+        stream.seek(start)
+        if any(op.name in _CALLS for op, _, _ in pickletools.genops(stream)):
+            return True
+    return False
+
+
 def load(folder: Path, rank: int, completed: int, run_id: str, device: torch.device) -> dict | None:
     """The state of run ``run_id`` saved after ``completed`` rounds, or None if it is absent,
-    torn (it does not open), or names another run inside; :class:`Refused` if it opens but holds
-    more than tensors and plain types (nothing in it is run: the weights-only loader stops first)."""
+    torn (a zip that does not open: a killed write; or bytes that are no pickle), or names another
+    run inside; :class:`Refused` if it opens (a zip, or a pickle) but holds more than tensors and
+    plain types: nothing in it is run, the weights-only loader stops at the first global it does not
+    allow. The run id is checked before anything else in the state is used."""
     path = path_for(folder, rank, completed, run_id)
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as err:  # weights_only's refusal: a global or an opcode it does not allow
-        lines = str(err).splitlines()
-        detail = next((line.strip() for line in lines if "Unsupported" in line), lines[0] if lines else "")
+        if not (zipfile.is_zipfile(path) or _is_pickle(path)):
+            return None  # not a zip that opens, nor a pickle: garbage where a checkpoint was (zeros after a crash)
+        found = re.search(r"GLOBAL (\S+?)\.? |Unsupported operand \d+", str(err))
+        detail = (f"global {found.group(1)}" if found.group(1) else found.group(0)) if found else "an unpicklable file"
         raise Refused(path, f"not a checkpoint mpicd wrote: the weights-only loader refused it ({detail})") from None
     except Exception:  # noqa: BLE001 - a torn file (a killed write) is ignored, never trusted
         return None

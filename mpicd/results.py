@@ -663,9 +663,11 @@ def check_output_location(path: str | Path, need_bytes: int) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe, fh = exclusive.create(folder, f".{path.name}.{os.getpid()}.", ".probe")
-        with fh:
-            fh.write(b"mpicd")
-        probe.unlink()
+        try:
+            with fh:
+                fh.write(b"mpicd")
+        finally:
+            probe.unlink(missing_ok=True)  # a full disk fails the write: no probe is left behind either
     except OSError as err:
         raise ConfigError("output", f"cannot write in {str(folder)!r}: {err.strerror or err}") from None
     free = shutil.disk_usage(folder).free

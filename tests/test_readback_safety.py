@@ -5,6 +5,7 @@ tensors; temporary files are created exclusively, never through a link."""
 from __future__ import annotations
 
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -46,11 +47,11 @@ def test_a_planted_pickle_in_the_checkpoint_folder_is_refused_and_never_runs(tmp
     assert control.exists()
 
     resumed = mpiexec(2, "-m", "mpicd", "run", str(QUICKSTART), *RUN, "--out", str(out), "--resume", timeout=240)
+    assert not marker.exists(), "the planted pickle ran"
     assert resumed.returncode == 2, (resumed.stdout, resumed.stderr)
     lines = [line for line in resumed.stderr.splitlines() if line.startswith("mpicd:")]
     assert len(lines) == 1 and "not a checkpoint mpicd wrote" in lines[0], resumed.stderr
     assert any(str(path) in lines[0] for path in planted), lines
-    assert not marker.exists(), "the planted pickle ran"
     assert all(path.exists() for path in planted), "a user's file is never removed without their word"
 
 
@@ -71,6 +72,42 @@ def test_checkpoints_hold_plain_tensors_and_give_numpy_state_back_exactly(tmp_pa
     assert type(back["scalar"]) is np.float32 and back["scalar"] == np.float32(0.1)
     assert back["nested"] == [(7, "text", None, 2.5)] and type(back["nested"][0][0]) is np.int64
     assert torch.equal(back["tensor"], torch.tensor([1.0, 2.0])) and back["run_id"] == run
+
+
+def test_a_checkpoint_refuses_at_saving_what_the_loader_would_refuse(tmp_path):
+    folder, run = tmp_path / "x.h5.ckpt", "0123456789abcdef"
+    for state in ({"stream": np.random.default_rng(0)}, {"object": Planted("x")}, {(1, 2): 3}):
+        with pytest.raises(TypeError):
+            checkpoint.save(folder, 0, 1, state, run)
+    assert checkpoint.available(folder, 0, run) == [] and list(folder.iterdir()) == []
+    model = torch.nn.Linear(2, 2).state_dict()  # an OrderedDict with the module versions torch reads
+    checkpoint.save(folder, 0, 1, {"model": model}, run)
+    back = checkpoint.load(folder, 0, 1, run, "cpu")
+    assert type(back["model"]) is type(model) and back["model"]._metadata == model._metadata
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"torn", b"\0" * 4096, np.random.default_rng(0).bytes(4096), "half"],
+    ids=["empty", "text", "zeros", "random", "half of a real one"],
+)
+def test_a_torn_or_garbled_checkpoint_is_ignored_not_refused(tmp_path, content):
+    folder, run = tmp_path / "x.h5.ckpt", "0123456789abcdef"
+    path = checkpoint.save(folder, 0, 1, {"tensor": torch.arange(1000)}, run)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2] if content == "half" else content)
+    assert checkpoint.load(folder, 0, 1, run, "cpu") is None
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch's note on protocols past 2
+@pytest.mark.parametrize("protocol", [0, 2, pickle.HIGHEST_PROTOCOL])
+def test_a_raw_pickle_planted_as_a_checkpoint_is_refused_and_never_runs(tmp_path, protocol):
+    folder, run, marker = tmp_path / "x.h5.ckpt", "0123456789abcdef", tmp_path / "marker"
+    folder.mkdir()
+    path = checkpoint.path_for(folder, 0, 1, run)
+    path.write_bytes(pickle.dumps({"run_id": run, "model": Planted(marker)}, protocol=protocol))
+    with pytest.raises(checkpoint.Refused, match="not a checkpoint mpicd wrote"):
+        checkpoint.load(folder, 0, 1, run, "cpu")
+    assert not marker.exists()
 
 
 def test_a_checkpoint_naming_another_run_inside_is_not_loaded(tmp_path):
@@ -107,3 +144,15 @@ def test_a_killed_writes_temporary_file_is_cleared_with_the_new_names(tmp_path):
     left.write_bytes(b"partial")
     checkpoint.discard(folder, 0, run)
     assert not left.exists() and checkpoint.available(folder, 0, run) == []
+
+
+def test_the_output_probe_leaves_nothing_and_never_follows_a_link(tmp_path):
+    from mpicd.results import check_output_location
+
+    target = tmp_path / "victim"
+    target.write_bytes(b"untouched")
+    planted = tmp_path / f".run.h5.{os.getpid()}.probe"  # the name it used to write, through the link
+    planted.symlink_to(target)
+    check_output_location(tmp_path / "run.h5", 0)
+    assert sorted(tmp_path.iterdir()) == sorted([planted, target])
+    assert target.read_bytes() == b"untouched"
