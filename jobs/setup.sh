@@ -23,7 +23,7 @@ source jobs/setup_lib.sh  # policy-rc.d, a site's Slurm, the wheel cache
 have() { PATH="$PATH:/usr/sbin:/sbin" command -v "$1" >/dev/null; }
 packages=(libhdf5-openmpi-dev openmpi-bin libopenmpi-dev pkg-config)
 if site_slurm; then
-  log "a site Slurm is installed ($(command -v sbatch), not Debian's): not installing Slurm or munge over it"
+  log "a site Slurm is installed ($(PATH="$PATH:/usr/sbin:/sbin" command -v sbatch), no Debian package's): used as it is, no slurmctld/slurmd/slurm-client/munge installed over it (the Slurm tests use what is there or are skipped, saying why)"
 elif ! have slurmctld || ! have slurmd || ! have sbatch || ! have munged; then
   packages+=(slurmctld slurmd slurm-client munge)
 fi
@@ -58,7 +58,6 @@ BASE="${MPICD_WHEEL_CACHE:-$HOME/.cache/mpicd-wheels}"
 private_folder "$BASE"
 CACHE="$BASE/$(echo "hdf5=$HDF5_VER mpi=$MPI_VER $("$PY" -c 'import sys;print(sys.version_info[:2])')" | sha256sum | cut -c1-12)"
 private_folder "$CACHE"
-export PYTHON="$PY"
 build_mpi4py() {
   log "compiling mpi4py against $(mpicc --showme:version 2>&1 | head -1)"
   MPICC=mpicc "$PY" -m pip wheel -q --no-deps --no-binary=mpi4py -w "$1" mpi4py

@@ -67,15 +67,20 @@ private_folder() {
   chmod 700 "$1"
 }
 
-# wheel_ok WHEEL: the file is a complete zip archive (a build cut short leaves a truncated one).
+# wheel_ok WHEEL: the file is a complete zip archive whose every member reads back with its CRC (a
+# build cut short leaves a truncated one). Not `python -m zipfile -t`: it exits 0 on a bad member.
+# Run by setup.sh's venv python ($PY), else python3.
 wheel_ok() {
-  [ -f "$1" ] && "${PYTHON:-python3}" -m zipfile -t "$1" >/dev/null 2>&1
+  [ -f "$1" ] && [ ! -L "$1" ] && "${PY:-python3}" -c '
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    sys.exit(z.testzip() is not None)' "$1" >/dev/null 2>&1
 }
 
 # cached_wheel CACHE NAME BUILD...: a sound NAME-*.whl in CACHE, or one built now by BUILD (its
 # output folder appended) in a temporary folder and moved in whole; a corrupt cached one is deleted.
 cached_wheel() {
-  local cache=$1 name=$2 wheel tmp; shift 2
+  local cache=$1 name=$2 wheel tmp built; shift 2
   for wheel in "$cache/$name"-*.whl; do
     [ -e "$wheel" ] || continue
     if wheel_ok "$wheel"; then return 0; fi
@@ -83,7 +88,8 @@ cached_wheel() {
     rm -f "$wheel"
   done
   tmp=$(mktemp -d "$cache/.build.XXXXXXXX")
-  if "$@" "$tmp" && wheel=$(ls "$tmp/$name"-*.whl 2>/dev/null | head -1) && wheel_ok "$wheel"; then
+  # (the glob stays literal when BUILD wrote no wheel, and wheel_ok then says no)
+  if "$@" "$tmp" && built=("$tmp/$name"-*.whl) && wheel=${built[0]} && wheel_ok "$wheel"; then
     mv -f "$wheel" "$cache/"
     rm -rf "$tmp"
   else

@@ -105,6 +105,26 @@ def test_a_truncated_cached_wheel_is_rebuilt_not_installed(tmp_path):
     assert done.returncode == 0 and "built" not in done.stderr
 
 
+def test_a_wheel_with_a_damaged_member_is_corrupt_too(tmp_path):
+    """The central directory intact, one member's bytes changed: ``python -m zipfile -t`` exits 0 on
+    this, the check must not."""
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:  # stored, so the bytes are there to change
+        z.writestr("demo/__init__.py", "x = 1\n" * 2000)
+    assert bash(f"wheel_ok {wheel}").returncode == 0
+    data = bytearray(wheel.read_bytes())
+    data[data.index(b"x = 1")] = ord("y")
+    wheel.write_bytes(bytes(data))
+    assert bash(f"wheel_ok {wheel}").returncode != 0
+
+
+def test_a_build_that_says_ok_but_leaves_a_corrupt_wheel_is_not_moved_in(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    done = bash(f'build() {{ echo PK > "$1/demo-1.0-py3-none-any.whl"; }}; cached_wheel {cache} demo build')
+    assert done.returncode != 0 and "failed" in done.stderr and list(cache.iterdir()) == []
+
+
 def test_a_failed_build_leaves_no_partial_wheel_in_the_cache(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
