@@ -159,11 +159,28 @@ class Attempt:
                         pids.append(int(entry))
                 except (ProcessLookupError, PermissionError):
                     pass
-        for pid in pids:  # (re-)recorded while in the session: its command line after any exec
+        for pid in pids:
+            # Keyed by (pid, start time), re-recorded on every look while it is in the session: a
+            # process seen as mpiexec's fork before its exec gets its new command line. The session
+            # is asked again after the record, so a pid that died and was reused by someone else's
+            # process between the two reads is never taken for the job's.
             entry = proc_identity.record(pid)
-            if entry["start"] is not None:
+            try:
+                ours = entry["start"] is not None and os.getsid(pid) == self.proc.pid
+            except (ProcessLookupError, PermissionError):
+                ours = False
+            if ours:
                 self.seen[(pid, entry["start"])] = entry
         return pids
+
+    def kill(self, pid: int) -> bool:
+        """SIGKILL ``pid`` if it is still a process the last look (session, ranks) saw in the job's
+        session; True when signalled."""
+        entry = next((e for (p, _), e in self.seen.items() if p == pid and proc_identity.still(e)), None)
+        return (
+            entry is not None
+            and proc_identity.signal_if_still(entry, signal.SIGKILL, foreign_namespace=False) == "signalled"
+        )
 
     def ranks(self) -> dict[int, int]:
         """{rank: pid} of the ranks running now: mpirun's children that carry a world rank."""
@@ -191,9 +208,20 @@ class Attempt:
         return int(rounds[-1][0]) if rounds else 0
 
     def kill_job(self) -> None:
-        self.session()
-        for entry in self.seen.values():
-            proc_identity.signal_if_still(entry, signal.SIGKILL, foreign_namespace=False)
+        """SIGKILL every process of the job, each only while it is still the one seen. Looks again
+        until a pass signals nothing (at most 1 s): a process that exec'd between a look and its
+        signal no longer matches its record and is caught, re-recorded, on the next pass."""
+        deadline = time.monotonic() + 1.0
+        while True:
+            self.session()
+            hit = [
+                entry
+                for entry in list(self.seen.values())
+                if proc_identity.signal_if_still(entry, signal.SIGKILL, foreign_namespace=False) == "signalled"
+            ]
+            if not hit or time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -474,9 +502,7 @@ class Torture:
         while proc.poll() is None and attempt.elapsed() < JOB_TIMEOUT:
             pid = attempt.ranks().get(plan.rank)
             if pid is not None:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
+                if not attempt.kill(pid):  # gone or no longer the rank seen: look again
                     continue
                 return True, f"t={attempt.elapsed():.2f} s, round line {attempt.last_round()}"
             time.sleep(0.002)
