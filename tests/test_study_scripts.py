@@ -5,17 +5,21 @@ summary page's verdicts, so their arithmetic is tested like the package's."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import DRIVERS, ROOT
 
 sys.path.insert(0, str(ROOT / "docs" / "results"))
+sys.path.insert(0, str(ROOT / "jobs"))
+import proc_identity  # noqa: E402
 import fairness  # noqa: E402
 import mechanism  # noqa: E402
 import summary  # noqa: E402
@@ -445,3 +449,55 @@ def test_tables_sh_regenerates_the_committed_tables_from_the_ledgers(tmp_path):
             n for n in written if not filecmp.cmp(copy / "retinamnist" / n, here / "retinamnist" / n, shallow=False)
         ]
         assert changed == [], (attempt, changed)
+
+
+def test_run_sh_leads_a_session_of_its_own_and_records_the_proof(tmp_path):
+    """run.sh, started from another folder inside a caller's session, makes itself a session leader
+    and records pid, start time and session beside the pgid (what pause.sh checks). In a copy of
+    the tree, with no stage to run, so the real results/study is never written."""
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    shutil.copy(ROOT / "docs" / "results" / "run.sh", tmp_path / "docs" / "results" / "run.sh")
+    proc = subprocess.Popen(
+        ["bash", "results/run.sh"],  # relative to docs/, not to the root run.sh moves to
+        cwd=tmp_path / "docs",
+        env={**os.environ, "STAGES": "none"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "every requested stage finished" in out, err
+    state = tmp_path / "results" / "study"
+    leader, start, session = map(int, (state / "study.proof").read_text().split())
+    assert int((state / "study.pgid").read_text()) == leader == session == proc.pid  # setsid, no fork
+    assert session != os.getsid(0)  # not the caller's session
+    assert proc_identity.start_time(os.getpid()) <= start  # field 22: it started after this test
+
+
+@pytest.mark.skipif(
+    os.getuid() != 0 or shutil.which("unshare") is None, reason="the PID-namespace sandbox needs root and unshare"
+)
+def test_pause_sh_refuses_every_record_it_cannot_prove(tmp_path):
+    """docs/results/pause.sh in a PID-namespace sandbox (tests/drivers/pause_forged.py): a record
+    whose leader started at another time, is gone, is in another session or is not run.sh, and one
+    naming the caller's own group or session, signal nothing (exit 1, the reason said); the genuine
+    study is stopped (state T) and continued, and the canary outside it never stops."""
+    command = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(DRIVERS / "pause_forged.py")]
+    done = subprocess.run([*command, str(tmp_path), "docs/results/run.sh"], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, f"the sandbox failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    reasons = {
+        "stale": "started at",
+        "own": "own group or session",
+        "own_session": "own group or session",
+        "gone": "is gone",
+        "other_session": "not in the study's session",
+        "not_run_sh": "is not run.sh",
+    }
+    for case, reason in reasons.items():
+        got = facts[case]
+        assert got["rc"] == 1 and reason in got["err"] and "nothing signalled" in got["err"], (case, got)
+        assert not got.get("stopped") and not got.get("canary_stopped"), (case, got)
+    assert facts["genuine_stop"]["rc"] == 0 and facts["genuine_stop"]["stopped"], facts["genuine_stop"]
+    assert facts["genuine_cont"]["rc"] == 0 and not facts["genuine_cont"]["stopped"], facts["genuine_cont"]
+    assert facts["canary_alive"], facts

@@ -11,9 +11,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 # Its own session and process group (setsid --wait keeps the caller waiting, as before), so that
 # docs/results/pause.sh signals the study's group and never its caller's; study.proof says which
 # process leads it: pid, start time (field 22 of /proc/PID/stat), session.
-[ "$(ps -o sid= -p $$ | tr -d ' ')" = $$ ] || exec setsid --wait bash "$0" "$@"
+# (By its path from the project root, where it now is: "$0" may be relative to another folder.)
+[ "$(ps -o sid= -p $$ | tr -d ' ')" = $$ ] || exec setsid --wait bash docs/results/run.sh "$@"
 mkdir -p results/study && echo $$ > results/study/study.pgid
-echo "$$ $(sed 's/.*) //' /proc/$$/stat | cut -d' ' -f20) $$" > results/study/study.proof
+echo "$$ $(sed 's/.*) //' /proc/$$/stat | cut -d' ' -f20) $(ps -o sid= -p $$ | tr -d ' ')" > results/study/study.proof
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's mpicd, not the venv's editable install
 here=docs/results
 stages=${STAGES:-a1 p a2 m c d b f e}
