@@ -4,9 +4,12 @@
 
 Runs the round loop (``mpicd.loop.run``, as ``mpicd run``) of co-distillation and FedAvg on
 configs/pneumoniamnist.yaml, each without and with a ``privacy`` section (co-distillation: the
-noise derived from epsilon 4 at q 0.5; FedAvg: DP-SGD at sigma 1), in the same job, and prints
-per variant the mean over rounds 2..ROUNDS (round 1 holds dp-accounting's import) of the round's
-seconds (the slowest rank's compute + comm, from the results file), and the ratio on / off.
+noise derived from epsilon 4 at q 0.5; FedAvg: DP-SGD at sigma 1), the private ones twice: with
+secret noise (the default: SHAKE-256 of each client's key, mpicd.privacy.secret) and with
+``privacy.noise: seeded`` (numpy's generator from the seed, not private), in the same job, and
+prints per variant the mean over rounds 2..ROUNDS (round 1 holds dp-accounting's import) of the
+round's seconds (the slowest rank's compute + comm, from the results file), and the ratios on / off
+and secret / seeded (what the secret stream costs).
 """
 
 import sys
@@ -33,6 +36,8 @@ VARIANTS = {
     ("codistill", "on"): ["algorithm=codistill", "privacy={epsilon: 4, sample_rate: 0.5}"],
     ("fedavg", "off"): ["algorithm=fedavg"],
     ("fedavg", "on"): ["algorithm=fedavg", "privacy={noise_multiplier: 1.0}"],
+    ("codistill", "seeded"): ["algorithm=codistill", "privacy={epsilon: 4, sample_rate: 0.5, noise: seeded}"],
+    ("fedavg", "seeded"): ["algorithm=fedavg", "privacy={noise_multiplier: 1.0, noise: seeded}"],
 }
 
 with abort_on_exception(world):
@@ -49,8 +54,8 @@ with abort_on_exception(world):
         seconds[algorithm, privacy] = float(np.mean(per_round[1:]))
     if world.Get_rank() == 0:
         print(f"{world.Get_size()} ranks, {rounds} rounds, {' '.join(extra) or 'configs/pneumoniamnist.yaml'}")
-        print("| algorithm | s/round off | s/round on | on / off |")
-        print("| --- | --- | --- | --- |")
+        print("| algorithm | s/round off | s/round on (secret) | on / off | s/round seeded | secret / seeded |")
+        print("| --- | --- | --- | --- | --- | --- |")
         for algorithm in ("codistill", "fedavg"):
-            off, on = seconds[algorithm, "off"], seconds[algorithm, "on"]
-            print(f"| {algorithm} | {off:.3f} | {on:.3f} | {on / off:.2f} |")
+            off, on, seeded = (seconds[algorithm, v] for v in ("off", "on", "seeded"))
+            print(f"| {algorithm} | {off:.3f} | {on:.3f} | {on / off:.2f} | {seeded:.3f} | {on / seeded:.2f} |")

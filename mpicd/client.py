@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -160,10 +159,12 @@ class Client:
         """Train ``train.local_epochs`` epochs; returns the sample-weighted mean loss and its parts."""
         cfg, model, algorithm = self.plan.config, self.model, self.algorithm
         if self.dpsgd:
+            from .privacy import dpsgd
+
             budget = algorithm.ctx.privacy
-            batches = math.ceil(len(self.train_y) / cfg.train.batch_size)
-            if budget.request(round_index, batches * cfg.train.local_epochs, 1.0 / batches, budget.settings.sigma):
-                return self.private_epochs(round_index)
+            q, steps = dpsgd.schedule(len(self.train_y), cfg.train.batch_size)  # as Opacus takes them
+            if budget.request(round_index, steps * cfg.train.local_epochs, q, budget.settings.sigma):
+                return self.private_epochs(round_index, steps * cfg.train.local_epochs)
             algorithm.privacy_spent(round_index)  # trained below; what it shares: the algorithm's hook
         model.train()
         if cfg.train.optimizer_state == "reset":
@@ -203,28 +204,30 @@ class Client:
         seen = max(seen, 1)
         return EpochLoss((total_ce + total_extra) / seen, total_ce / seen, total_extra / seen)
 
-    def private_epochs(self, round_index: int) -> EpochLoss:
+    def private_epochs(self, round_index: int, charged: int) -> EpochLoss:
         """DP-SGD (mpicd.privacy.dpsgd, Opacus) for ``train.local_epochs`` epochs of Poisson-sampled
-        batches, each step one release already spent in the client's budget; the model is unwrapped
-        after, so the algorithm's exchange sees the plain module. A data-free term of the algorithm
+        batches, ``charged`` steps already spent in the client's budget (and checked against the
+        steps the optimizer took); the model is unwrapped after, so the algorithm's exchange sees the
+        plain module. The sampling and the noise come from the client's streams of the round (its
+        secret key; the seed with privacy.noise: seeded). A data-free term of the algorithm
         (:meth:`~mpicd.algorithms.Algorithm.parameter_loss`, FedAMP's proximal term) is added to the
         noised gradient of each step; its per-sample share would be clipped and noised for nothing."""
         from .privacy import dpsgd
+        from .privacy.streams import DPSGD_NOISE, DPSGD_SAMPLING
 
-        cfg, s = self.plan.config, self.algorithm.ctx.privacy.settings
+        cfg, budget = self.plan.config, self.algorithm.ctx.privacy
+        s = budget.settings
         self.model.train()  # evaluation left it in eval mode; Opacus' validator needs training mode
         private = dpsgd.make_private(
             self.model, self.optimizer, self.train_x, self.train_y, batch_size=cfg.train.batch_size,
-            noise_multiplier=s.sigma, max_grad_norm=s.clip, seed=cfg.seed, client=self.index, round_index=round_index,
+            noise_multiplier=s.sigma, max_grad_norm=s.clip,
+            sampling=budget.stream(round_index, DPSGD_SAMPLING), noise=budget.stream(round_index, DPSGD_NOISE),
         )  # fmt: skip
         total, extra, seen = 0.0, 0.0, 0
-        opacus_hook = private.optimizer.step_hook
         params = [p for p in self.model.parameters() if p.requires_grad]
 
         def parameter_term(optimizer) -> None:  # after the noise: the gradient of a data-free term
             nonlocal extra
-            if opacus_hook is not None:
-                opacus_hook(optimizer)
             term = self.algorithm.parameter_loss()
             if term is not None:
                 for p, g in zip(params, torch.autograd.grad(term, params)):
@@ -235,20 +238,18 @@ class Client:
         try:
             private.module.train()
             for _ in range(cfg.train.local_epochs):
-                for x, y in private.loader:
+                for x, y in private.batches():
                     batch_size = len(y)
                     private.optimizer.zero_grad(set_to_none=True)
-                    if len(y):
-                        loss = F.cross_entropy(private.module(x), y)
-                        if not math.isfinite(float(loss.detach())):
-                            raise NonFiniteLoss(f"the training loss is {float(loss.detach())} (DP-SGD step)")
-                        with warnings.catch_warnings():  # the images need no gradient: Opacus' hooks say so
-                            warnings.filterwarnings("ignore", message="Full backward hook is firing")
-                            loss.backward()
-                        total, seen = total + float(loss.detach()) * len(y), seen + len(y)
-                    private.optimizer.step()  # an empty batch is still a release: its noise is added
+                    loss = dpsgd.batch_loss(private.module, x, y)
+                    if not math.isfinite(float(loss.detach())):
+                        raise NonFiniteLoss(f"the training loss is {float(loss.detach())} (DP-SGD step)")
+                    dpsgd.backward(loss)
+                    total, seen = total + float(loss.detach()) * len(y), seen + len(y)
+                    private.optimizer.step()  # an empty batch is a step too: its noise is added
         finally:
             private.module.to_standard_module()  # Opacus' hooks off the model: next round wraps it again
+        private.check_charged(charged)
         ce, extra = total / max(seen, 1), extra / max(seen, 1)
         return EpochLoss(ce + extra, ce, extra)
 

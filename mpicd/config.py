@@ -269,7 +269,23 @@ class PrivacyConfig:
         "sigma / sqrt 2); public: the expected count q n_c (n_c, the client's images of class c, public)",
     )
 
+    noise: Literal["secret", "seeded"] = spec(
+        "secret",
+        doc="secret: every draw a release rests on (Poisson sample, noise) comes from a key per client drawn from "
+        "the operating system's entropy, which never leaves its rank (only its own checkpoint holds it); seeded: "
+        "drawn from the run's seed, which every peer knows, so a peer can subtract the noise: NOT PRIVATE, for "
+        "tests and audits that need repeatable noise (marked so in the results file, mpicd verify and the report)",
+    )
+    key_dir: Optional[str] = spec(
+        None,
+        doc="a folder of this site's secret keys, one file per client (client-<c>.key, mode 0600), made on first "
+        "use and read by later runs: the same keys, config and seed give the same results at this site; null: "
+        "fresh keys every run (a resumed run takes them from its checkpoint)",
+    )
+
     def __post_init__(self) -> None:
+        if self.key_dir is not None and self.noise != "secret":
+            raise ConfigError("privacy.key_dir", f"holds secret keys, but privacy.noise is {self.noise!r}")
         if self.noise_multiplier is None and self.epsilon is None:
             raise ConfigError("privacy.noise_multiplier", "needs a value, or privacy.epsilon to derive it from")
         if self.noise_multiplier == 0.0 and self.epsilon is not None:
@@ -290,6 +306,7 @@ OPERATIONAL_KEYS = (
     "eval",
     "train.eval_batch_size",
     "clients_per_rank",
+    "privacy.key_dir",
 )
 
 
@@ -327,6 +344,7 @@ ADDED_LATER: dict[str, tuple[str | tuple[str, ...] | None, Any]] = {
     "data.images_per_client": (None, None),  # before: clients sized by images_per_class only
     "participation": (None, 1.0),  # before: every client in every round
     "algorithm.reduction": (("fedavg", "fedproto", "feddistill"), "mpi"),  # before: the float32 Allreduce
+    "privacy.noise": (None, "seeded"),  # before: a private run's draws came from the public seed
 }
 
 
@@ -336,9 +354,18 @@ def _applies(algorithms: str | tuple[str, ...] | None, name) -> bool:
 
 
 def with_added_keys(flat: dict) -> dict:
-    """A flat (dotted) config plus the ``ADDED_LATER`` keys it lacks, at their older-version values."""
+    """A flat (dotted) config plus the ``ADDED_LATER`` keys it lacks, at their older-version values
+    (a ``privacy.`` key only where the config has a privacy section: without one, privacy is off)."""
     name = flat.get("algorithm.name")
-    return {**{k: v for k, (algorithms, v) in ADDED_LATER.items() if _applies(algorithms, name)}, **flat}
+    private = any(k.startswith("privacy.") for k in flat)
+    return {
+        **{
+            k: v
+            for k, (algorithms, v) in ADDED_LATER.items()
+            if _applies(algorithms, name) and (private or not k.startswith("privacy."))
+        },
+        **flat,
+    }
 
 
 def config_difference(saved: dict, current: dict, saved_as: str, current_as: str) -> str | None:

@@ -91,7 +91,15 @@ def privacy_attrs(plan: Plan) -> dict:
         "privacy_clip": s.clip,
         "privacy_delta": s.delta,
         "privacy_accountant": "dp-accounting PLD, Poisson-subsampled Gaussian, add/remove-one, per client",
+        "privacy_noise": NOISE_ATTR[s.noise],
     }
+
+
+NOISE_ATTR = {
+    "secret": "secret: drawn from a key per client that never left its rank",
+    "seeded": "seeded: NOT PRIVATE, drawn from the run's seed, which any peer can redraw (privacy.noise)",
+}
+"""The attr ``privacy_noise`` by privacy.noise: what a release's Poisson sample and noise were drawn from."""
 
 
 def backend_settings() -> dict:
@@ -320,6 +328,8 @@ def run(
     )
     if comm.rank == 0 and decision.note:
         log(f"mpicd: {decision.note}")
+    if comm.rank == 0 and plan.privacy is not None and not plan.privacy.private:
+        log("mpicd: warning: privacy.noise is seeded: NOT PRIVATE (any peer can redraw the noise from the seed)")
     if decision.complete:
         if comm.rank == 0:
             log(f"mpicd: {out} already holds all {cfg.rounds} rounds of this config; nothing to do")

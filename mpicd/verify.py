@@ -71,6 +71,13 @@ def verify(path: str | Path) -> Verdict:
     rounds, clients, done = int(attrs.get("rounds", 0)), int(attrs.get("clients", 0)), res.completed_rounds
     verdict.summary = f"run {attrs.get('run_id', '?')}, {attrs.get('algorithm', '?')}, {done} of {rounds} rounds"
     _identity(verdict, attrs, config)
+    if str(attrs.get("privacy_noise", "")).startswith("seeded") or (
+        "privacy_accountant" in attrs and "privacy_noise" not in attrs
+    ):
+        verdict.notes.append(
+            "NOT PRIVATE: its releases' noise was drawn from the run's seed (privacy.noise: seeded, or a file "
+            "older than privacy.noise), which any peer can redraw; its epsilon holds against no peer"
+        )
     if done > rounds:
         verdict.problems.append(f"completed_rounds is {done}, more than the run's {rounds} rounds")
     _metrics(verdict, res, config, rounds, done)

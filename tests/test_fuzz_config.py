@@ -107,6 +107,8 @@ KEYS = {
     "privacy.noise_multiplier": Key("float", 0, optional=True),
     "privacy.sample_rate": Key("float", 0, True, 1, False),
     "privacy.counts": Key("choice", choices=("public", "noised")),
+    "privacy.noise": Key("choice", choices=("secret", "seeded")),
+    "privacy.key_dir": Key("str", optional=True),
 }
 SECTIONS = ("data", "model", "train", "eval", "checkpoint", "debug", "timeout", "algorithm")
 KNOWN = {section: {k.split(".")[1] for k in KEYS if k.startswith(section + ".")} for section in SECTIONS}

@@ -19,7 +19,7 @@ from scipy.stats import norm
 
 from conftest import require_pneumonia
 from mpicd.algorithms.aggregate import PerClassMeans
-from mpicd.privacy import accountant, audit, streams
+from mpicd.privacy import accountant, audit, secret, streams
 from mpicd.privacy.clip import clip_rows
 from mpicd.privacy.gaussian import gaussian_sum, noise_std, release_multiplier
 from mpicd.privacy.release import (
@@ -161,17 +161,55 @@ def test_private_mean_hand_made_and_public_denominator():
     np.testing.assert_allclose(r, [0.3, 0.65], atol=1e-15)
 
 
-def test_release_deterministic_per_seed_client_round():
+def test_release_deterministic_per_stream_and_different_across_streams():
     rows = np.random.default_rng(0).normal(size=(100, 8))
+    key = secret.new_key()
 
-    def release(seed, client, rnd):
-        g = streams.release_generator(seed, client, rnd)
+    def release(noise, seed, client, rnd, key=key):
+        g = streams.stream(noise, key, seed, client, rnd, streams.RELEASE)
         return sampled_private_mean(rows, q=0.3, clip=1.0, sigma=1.0, denominator=30.0, generator=g)
 
-    first = release(1, 2, 3)
-    assert np.array_equal(first, release(1, 2, 3))
-    for other in [(2, 2, 3), (1, 3, 3), (1, 2, 4)]:
-        assert not np.array_equal(first, release(*other))
+    for noise in streams.NOISE:
+        first = release(noise, 1, 2, 3)
+        assert np.array_equal(first, release(noise, 1, 2, 3))
+        for other in [(1, 3, 3), (1, 2, 4)]:
+            assert not np.array_equal(first, release(noise, *other))
+    assert not np.array_equal(release("seeded", 1, 2, 3), release("seeded", 2, 2, 3))
+    # secret: the seed plays no part, the key does
+    assert np.array_equal(release("secret", 1, 2, 3), release("secret", 2, 2, 3))
+    assert not np.array_equal(release("secret", 1, 2, 3), release("secret", 1, 2, 3, key=secret.new_key()))
+
+
+def test_secret_stream_is_shake256_of_tag_key_words_and_call():
+    """The documented construction, redrawn with hashlib: 64-bit big-endian words of
+    SHAKE-256(tag | key | words | call), top 53 bits times 2**-53."""
+    import hashlib
+    import struct
+
+    key = bytes(range(32))
+    stream = secret.SecretStream(key, 4, 7, 2)
+    got = [stream.random(3), stream.random(2)]
+    for call, u in enumerate(got):
+        block = hashlib.shake_256(
+            b"mpicd privacy stream v1\x00" + key + struct.pack(">3q", 4, 7, 2) + struct.pack(">q", call)
+        ).digest(8 * len(u))
+        words = [int.from_bytes(block[8 * i : 8 * i + 8], "big") for i in range(len(u))]
+        assert u.tolist() == [(w >> 11) / 2**53 for w in words]
+    with pytest.raises(ValueError, match="32 bytes"):
+        secret.SecretStream(b"short", 0)
+
+
+def test_secret_stream_draws_have_their_distributions():
+    """Uniforms on [0, 1) and N(loc, scale^2) normals (Kolmogorov-Smirnov at 1e-3, 200,000 draws)."""
+    from scipy import stats
+
+    stream = secret.SecretStream(secret.new_key(), 0, 0, 0)
+    u = stream.random(200_000)
+    assert u.min() >= 0 and u.max() < 1 and stats.kstest(u, "uniform").pvalue > 1e-3
+    z = stream.normal(1.5, 2.0, size=(400, 500))
+    assert z.shape == (400, 500) and stats.kstest(z.ravel(), "norm", args=(1.5, 2.0)).pvalue > 1e-3
+    assert isinstance(stream.normal(0.0, 1.0), float) and isinstance(stream.random(), float)
+    assert stream.normal(0.0, 0.0, size=3).tolist() == [0.0, 0.0, 0.0]
 
 
 # --- accountant -------------------------------------------------------------------------------
@@ -324,3 +362,59 @@ def test_the_kept_plds_give_dp_accountings_own_epsilon(history):
         theirs.compose(gaussian if q == 1.0 else dp_event.PoissonSampledDpEvent(q, gaussian), count)
     assert accountant.Accountant(list(history)).epsilon(1e-5) == theirs.get_epsilon(1e-5)
     assert accountant.Accountant(list(history)).epsilon(1e-5) == theirs.get_epsilon(1e-5)  # from the cache
+
+
+# --- the site's keys (privacy.key_dir) --------------------------------------------------------
+
+
+def test_site_key_is_made_once_0600_and_read_back(tmp_path):
+    import stat
+
+    folder = tmp_path / "keys"
+    first = secret.site_key(folder, 3)
+    path = folder / "client-3.key"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert bytes.fromhex(path.read_text()) == first and len(first) == 32
+    assert secret.site_key(folder, 3) == first and secret.site_key(folder, 4) != first
+
+
+@pytest.mark.parametrize("damage", ["readable", "link", "garbage", "short"])
+def test_a_key_file_others_can_read_or_that_holds_no_key_is_refused_by_name(tmp_path, damage):
+    folder = tmp_path / "keys"
+    secret.site_key(folder, 0)
+    path = folder / "client-0.key"
+    if damage == "readable":
+        path.chmod(0o644)
+        message = "only its owner can access"
+    elif damage == "link":
+        target = tmp_path / "elsewhere.key"
+        target.write_text(path.read_text())
+        target.chmod(0o600)
+        path.unlink()
+        path.symlink_to(target)
+        message = "cannot be read as a key file"
+    else:
+        path.write_text("not hex\n" if damage == "garbage" else "abcd\n")
+        message = "does not hold a key"
+    with pytest.raises(ValueError, match=message) as err:
+        secret.site_key(folder, 0)
+    assert str(path) in str(err.value)
+
+
+def test_a_budget_keeps_its_key_in_its_state_and_refuses_a_checkpoint_of_another_key(tmp_path):
+    from privacy_context import private_settings
+
+    from mpicd.privacy.budget import Budget
+
+    fresh = Budget(private_settings(), 0, 1)
+    assert fresh.key is not None and fresh.state_dict()["key"] == fresh.key
+    resumed = Budget(private_settings(), 0, 1)
+    resumed.load_state_dict(fresh.state_dict())
+    assert resumed.key == fresh.key  # no key_dir: the checkpoint's key is the client's
+    at_site = Budget(private_settings(key_dir=str(tmp_path)), 0, 1)
+    with pytest.raises(ValueError, match="client-1.key is not the key"):
+        at_site.load_state_dict(fresh.state_dict())
+    seeded = Budget(private_settings(noise="seeded"), 0, 1)
+    assert seeded.key is None and seeded.state_dict()["key"] is None
+    with pytest.raises(ValueError, match="holds no secret key"):
+        Budget(private_settings(), 0, 1).load_state_dict(seeded.state_dict())

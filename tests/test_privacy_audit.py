@@ -82,8 +82,9 @@ def rows_of(outputs, model, x) -> np.ndarray:
 
 @pytest.mark.parametrize("counts", ["noised", "public"])
 def test_class_means_view_is_fedproto_s_payload_divided(counts):
-    """The audited release of FedProto/FedDistill is the one mpicd.algorithms.aggregate sends."""
-    s = private_settings(clip=0.5, counts=counts)
+    """The audited release of FedProto/FedDistill is the one mpicd.algorithms.aggregate sends (the
+    audit's draws are seeded: compared on a seeded release)."""
+    s = private_settings(clip=0.5, counts=counts, noise="seeded")
     ctx, model, x, y = context(s)
     payload = private_class_payload(ctx, model.features, 8, round_index=4)
     sums, sent = payload[:16].reshape(2, 8).astype(np.float64), payload[16:].astype(np.float64)
@@ -109,7 +110,7 @@ def test_class_means_view_without_privacy_is_perclassmeans():
 @pytest.mark.parametrize("share", ["features", "logits"])
 @pytest.mark.parametrize("private", [False, True])
 def test_codistill_view_is_the_r_codistill_sends(share, private):
-    s = private_settings(clip=0.25, counts="public") if private else None
+    s = private_settings(clip=0.25, counts="public", noise="seeded") if private else None
     ctx, model, x, y = context(s)
     algorithm = CoDistillation(resolve({"name": "codistill", "share": share})[1], ctx)
     released = algorithm.class_means(round_index=2)  # client 1: its expertise class 1

@@ -25,6 +25,7 @@ from mpicd.algorithms.codistill import CoDistillation
 from mpicd.config import ConfigError, load_config, to_mapping
 from mpicd.plan import prepare
 from mpicd.privacy.budget import Budget, settings
+from mpicd.privacy.secret import SecretStream
 from mpicd.results import Results
 
 PRIVATE = "privacy={epsilon: 4, noise_multiplier: 2.0, sample_rate: 0.5}"
@@ -107,13 +108,22 @@ def test_a_codistill_budget_that_can_run_out_is_refused_with_several_clients_per
 # --- one release, redrawn by hand ------------------------------------------------------------
 
 
+def redrawn(noise: str, ctx, round_index: int):
+    """The release stream of client 1 by hand: seeded, numpy's (seed 3, PRIVACY, client, round,
+    RELEASE); secret, SHAKE-256 of the client's key (mpicd.privacy.secret)."""
+    if noise == "seeded":
+        return seeds.rng(3, seeds.PRIVACY, 1, round_index, 0)
+    return SecretStream(ctx.privacy.key, 1, round_index, 0)
+
+
+@pytest.mark.parametrize("noise", ["secret", "seeded"])
 @pytest.mark.parametrize("counts", ["noised", "public"])
-def test_class_release_is_the_clipped_sum_plus_noise_of_std_sigma_c(counts):
-    s = private_settings(clip=0.5, counts=counts)
+def test_class_release_is_the_clipped_sum_plus_noise_of_std_sigma_c(counts, noise):
+    s = private_settings(clip=0.5, counts=counts, noise=noise)
     ctx, model, x, y = context(s)
     payload = private_class_payload(ctx, model.features, 8, round_index=4)
-    # by hand: the stream (seed, PRIVACY, client, round, RELEASE), n uniforms then the normals
-    rng = seeds.rng(3, seeds.PRIVACY, 1, 4, 0)
+    # by hand: the release stream of (client, round), n uniforms then the normals
+    rng = redrawn(noise, ctx, 4)
     taken = np.flatnonzero(rng.random(len(y)) < 0.5)
     with torch.no_grad():
         model.eval()
@@ -133,19 +143,25 @@ def test_class_release_is_the_clipped_sum_plus_noise_of_std_sigma_c(counts):
     assert ctx.privacy.accountant.history == [(0.5, s.multiplier, 1)]
 
 
-def test_codistill_r_is_the_noised_clipped_sum_over_the_public_count():
-    s = private_settings(clip=0.25, counts="public")
+@pytest.mark.parametrize("noise", ["secret", "seeded"])
+@pytest.mark.parametrize("counts", ["noised", "public"])
+def test_codistill_r_is_the_noised_clipped_sum_over_its_count(counts, noise):
+    """R = (clipped sum + N(0, (sigma C)^2)) / count: public, q n; noised, max(sample size + N(0,
+    sigma^2), 1), the count's normal drawn after the sum's."""
+    s = private_settings(clip=0.25, counts=counts, noise=noise)
     ctx, model, x, y = context(s)
     algorithm = CoDistillation(resolve({"name": "codistill"})[1], ctx)
     released = algorithm.class_means(round_index=2)
-    rng = seeds.rng(3, seeds.PRIVACY, 1, 2, 0)
+    rng = redrawn(noise, ctx, 2)
     index = np.flatnonzero(y.numpy() == 1)  # client 1's expertise class
     taken = index[rng.random(len(index)) < 0.5]
     with torch.no_grad():
         rows = model.features(x[taken]).double().numpy()
     clipped = rows * np.minimum(1.0, 0.25 / np.linalg.norm(rows, axis=1))[:, None]
-    expected = (clipped.sum(axis=0) + rng.normal(0.0, 0.75, size=8)) / (0.5 * len(index))
-    np.testing.assert_allclose(released[0], expected.astype(np.float32), rtol=1e-6, atol=1e-7)
+    total = clipped.sum(axis=0) + rng.normal(0.0, 0.75, size=8)
+    count = 0.5 * len(index) if counts == "public" else max(len(taken) + rng.normal(0.0, 3.0), 1.0)
+    assert counts == "public" or count != len(taken)
+    np.testing.assert_allclose(released[0], (total / count).astype(np.float32), rtol=1e-6, atol=1e-7)
 
 
 def test_a_spent_budget_refuses_and_stays_refused():
@@ -162,10 +178,36 @@ def test_a_spent_budget_refuses_and_stays_refused():
 
 
 @pytest.fixture(scope="module")
-def private_run(tmp_path_factory):
+def keys(tmp_path_factory):
+    """A privacy.key_dir: the uninterrupted and the resumed runs draw from the same secret keys."""
+    return tmp_path_factory.mktemp("keys") / "site"
+
+
+@pytest.fixture(scope="module")
+def private_run(tmp_path_factory, keys):
     out = tmp_path_factory.mktemp("private") / "run.h5"
-    mpicd_run(3, QUICKSTART, out, *RUN, timeout=400)
+    mpicd_run(3, QUICKSTART, out, *RUN, f"privacy.key_dir={keys}", timeout=400)
     return out
+
+
+def test_keys_stay_at_the_site_and_two_private_runs_differ(private_run, keys, tmp_path):
+    """The key files are 0600 and their keys are nowhere in the results file; a run with fresh keys
+    (no key_dir), same config and seed, trains on other noise."""
+    import stat
+
+    files = sorted(keys.iterdir())
+    assert [f.name for f in files] == [f"client-{c}.key" for c in range(3)]
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o700
+    data = private_run.read_bytes()
+    for f in files:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+        key = bytes.fromhex(f.read_text())
+        assert len(key) == 32 and key not in data and key.hex().encode() not in data
+    assert Results(private_run).attrs["privacy_noise"].startswith("secret")
+    other = tmp_path / "fresh.h5"
+    mpicd_run(3, QUICKSTART, other, *RUN, timeout=400)
+    a, b = Results(private_run).metrics["train_loss"], Results(other).metrics["train_loss"]
+    assert not np.array_equal(a, b)
 
 
 def test_epsilon_per_round_equals_dp_accounting_and_stops_at_the_budget(private_run):
@@ -197,14 +239,21 @@ def test_the_private_file_verifies(private_run):
     assert verdict.ok, verdict.text()
 
 
-def test_resume_with_privacy_equals_the_uninterrupted_run(private_run, tmp_path):
+def test_resume_with_privacy_equals_the_uninterrupted_run(private_run, keys, tmp_path):
+    """Killed in round 3 and resumed: the checkpoints hold the keys (a fresh folder of keys for the
+    resume would be refused), the draws go on as the uninterrupted run's did."""
     out = tmp_path / "run.h5"
     failed = mpiexec(
-        3, "-m", "mpicd", "run", str(QUICKSTART), *RUN, "debug.fail_rank=1", "debug.fail_round=3",
-        "--out", str(out), timeout=400,
+        3, "-m", "mpicd", "run", str(QUICKSTART), *RUN, f"privacy.key_dir={keys}", "debug.fail_rank=1",
+        "debug.fail_round=3", "--out", str(out), timeout=400,
     )  # fmt: skip
     assert failed.returncode != 0
-    mpicd_run(3, QUICKSTART, out, *RUN, "--resume", timeout=400)
+    other = mpiexec(
+        3, "-m", "mpicd", "run", str(QUICKSTART), *RUN, f"privacy.key_dir={tmp_path / 'other'}", "--resume",
+        "--out", str(out), timeout=400,
+    )  # fmt: skip
+    assert other.returncode != 0 and "is not the key the checkpoint of client" in other.stderr, other.stderr[-2000:]
+    mpicd_run(3, QUICKSTART, out, *RUN, "--resume", timeout=400)  # no key_dir: the checkpoints' keys
     a, b = Results(out), Results(private_run)
     assert list(a.attrs["resumed_at"]) == [3]
     for name in a.metrics:
@@ -216,29 +265,33 @@ def test_resume_with_privacy_equals_the_uninterrupted_run(private_run, tmp_path)
 @pytest.fixture(scope="module", params=["fedavg", "fedamp"])
 def dpsgd_run(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("dpsgd") / "run.h5"
-    mpicd_run(2, QUICKSTART, out, "clients=2", "rounds=5", f"algorithm={request.param}", DPSGD, timeout=400)
-    return request.param, out
+    keys = tmp_path_factory.mktemp("dpsgd_keys")
+    mpicd_run(2, QUICKSTART, out, "clients=2", "rounds=5", f"algorithm={request.param}", *DPSGD, f"privacy.key_dir={keys}",
+              timeout=400)  # fmt: skip
+    return request.param, out, keys
 
 
-DPSGD = "privacy={epsilon: 2.5, noise_multiplier: 2.0}"
+DPSGD = ("privacy={epsilon: 2.5, noise_multiplier: 2.0}", "train.local_epochs=2")
 
 
 def test_dpsgd_epsilon_is_its_steps_and_the_budget_stops_its_share(dpsgd_run, tmp_path):
-    """FedAvg and FedAMP with DP-SGD: each round ceil(n / 32) Poisson-sampled steps at q = 1 / ceil(n /
-    32), multiplier sigma = 2 (no counts), accounted by dp-accounting directly; bytes as declared."""
+    """FedAvg and FedAMP with DP-SGD, 2 local epochs: each round 2 x int(1 / q) Poisson-sampled steps
+    (Opacus' count) at q = 1 / ceil(n / 32), multiplier sigma = 2 (no counts), accounted by
+    dp-accounting directly; bytes as declared."""
     from mpicd.verify import verify
 
-    algorithm, path = dpsgd_run
+    algorithm, path, keys = dpsgd_run
     res = Results(path)
     eps, stopped = res.metrics["epsilon"], res.metrics["privacy_stopped"]
     n = res.partition["train_counts"].sum(axis=1)
     for c in range(2):
-        batches = math.ceil(n[c] / 32)
+        q = 1 / math.ceil(n[c] / 32)
+        steps = 2 * int(1 / q)
         spent = 0
         for r in range(5):
             if not stopped[r, c]:
                 spent += 1
-            assert math.isclose(eps[r, c], epsilon_direct(1 / batches, 2.0, spent * batches, 1e-5), rel_tol=1e-9)
+            assert math.isclose(eps[r, c], epsilon_direct(q, 2.0, spent * steps, 1e-5), rel_tol=1e-9)
         assert (eps[:, c] <= 2.5).all() and stopped[-1, c] == 1  # 2.5 is spent within 5 rounds
     assert verify(path).ok, verify(path).text()
     if algorithm == "fedamp":
@@ -246,11 +299,11 @@ def test_dpsgd_epsilon_is_its_steps_and_the_budget_stops_its_share(dpsgd_run, tm
         return
     out = tmp_path / "run.h5"  # resume equals the uninterrupted run
     failed = mpiexec(
-        2, "-m", "mpicd", "run", str(QUICKSTART), "clients=2", "rounds=5", "algorithm=fedavg", DPSGD,
-        "debug.fail_rank=0", "debug.fail_round=2", "--out", str(out), timeout=400,
+        2, "-m", "mpicd", "run", str(QUICKSTART), "clients=2", "rounds=5", "algorithm=fedavg", *DPSGD,
+        f"privacy.key_dir={keys}", "debug.fail_rank=0", "debug.fail_round=2", "--out", str(out), timeout=400,
     )  # fmt: skip
     assert failed.returncode != 0
-    mpicd_run(2, QUICKSTART, out, "clients=2", "rounds=5", "algorithm=fedavg", DPSGD, "--resume", timeout=400)
+    mpicd_run(2, QUICKSTART, out, "clients=2", "rounds=5", "algorithm=fedavg", *DPSGD, "--resume", timeout=400)
     a = Results(out)
     assert list(a.attrs["resumed_at"]) == [2]
     for name in a.metrics:

@@ -137,6 +137,7 @@ def test_operational_keys_are_one_documented_constant():
         "timeout",
         "eval",
         "clients_per_rank",  # how the clients are laid out on ranks: the same results (mpicd.layout)
+        "privacy.key_dir",  # where a site keeps its secret keys (the keys themselves are no config)
     }
 
 

@@ -4,6 +4,8 @@ One concept per module:
 
 * :mod:`.clip` -- per-vector L2 clipping to a bound C (the sensitivity bound every mechanism needs);
 * :mod:`.sampling` -- Poisson subsampling (each record independently with probability q);
+* :mod:`.secret` -- the secret randomness of a release: a key per client, SHAKE-256 streams of it;
+* :mod:`.streams` -- which stream each draw comes from: the client's secret one, or seeded (not private);
 * :mod:`.gaussian` -- the Gaussian mechanism on a sum of clipped vectors (noise std sigma * C);
 * :mod:`.release` -- the private releases the algorithms make: co-distillation's R, FedProto's
   per-class feature sums + counts, FedDistill's per-class logit sums + counts;

@@ -16,11 +16,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from .accountant import Accountant, noise_multiplier
 from .gaussian import release_multiplier
-from .streams import release_generator
+from . import secret
+from .streams import RELEASE, stream
 
 
 @dataclass(frozen=True)
@@ -33,6 +32,13 @@ class Settings:
     delta: float
     budget: float | None
     noised_counts: bool
+    noise: str = "secret"  # privacy.noise: "seeded" is repeatable and not private
+    key_dir: str | None = None  # privacy.key_dir: this site's key files (None: a fresh key per run)
+
+    @property
+    def private(self) -> bool:
+        """Whether a peer cannot redraw the noise: False for ``privacy.noise: seeded``."""
+        return self.noise == "secret"
 
     @property
     def multiplier(self) -> float:
@@ -55,15 +61,23 @@ def settings(section, rounds: int) -> Settings:
         delta=float(section.delta),
         budget=None if section.epsilon is None else float(section.epsilon),
         noised_counts=noised,
+        noise=section.noise,
+        key_dir=section.key_dir,
     )
 
 
 class Budget:
-    """A client's accountant and budget. ``epsilon``: after its last granted release (0 before
-    any); ``stopped_at``: the round (from 0) whose release was refused, None while sharing."""
+    """A client's accountant, budget and secret key. ``epsilon``: after its last granted release (0
+    before any); ``stopped_at``: the round (from 0) whose release was refused, None while sharing;
+    ``key``: what its streams are drawn from with secret noise (mpicd.privacy.secret: from the
+    operating system's entropy or ``privacy.key_dir``; in the checkpoint, never sent or written to
+    the results file)."""
 
     def __init__(self, settings: Settings, seed: int, client: int):
         self.settings, self.seed, self.client = settings, int(seed), int(client)
+        self.key: bytes | None = None
+        if settings.noise == "secret":
+            self.key = secret.new_key() if settings.key_dir is None else secret.site_key(settings.key_dir, client)
         self.accountant = Accountant()
         self.epsilon = 0.0
         self.stopped_at: int | None = None
@@ -91,13 +105,36 @@ class Budget:
         """Whether the client has stopped sharing by ``round_index`` (a refused request then or before)."""
         return self.stopped_at is not None and self.stopped_at <= round_index
 
-    def generator(self, round_index: int) -> np.random.Generator:
+    def stream(self, round_index: int, use: int):
+        """The client's stream of ``use`` (mpicd.privacy.streams) in this round: secret or seeded."""
+        return stream(self.settings.noise, self.key, self.seed, self.client, round_index, use)
+
+    def generator(self, round_index: int):
         """The stream of the client's release in this round: its Poisson sample, then its noise."""
-        return release_generator(self.seed, self.client, round_index)
+        return self.stream(round_index, RELEASE)
 
     def state_dict(self) -> dict:
-        return {"history": list(self.accountant.history), "epsilon": self.epsilon, "stopped_at": self.stopped_at}
+        """What a resume needs, the key included: the checkpoint stays at the site (mode 0600)."""
+        return {
+            "history": list(self.accountant.history),
+            "epsilon": self.epsilon,
+            "stopped_at": self.stopped_at,
+            "key": self.key,
+        }
 
     def load_state_dict(self, state: dict) -> None:
+        """The checkpoint's ledger and key (the draws go on as the interrupted run's would have).
+        ValueError when the key differs from this site's ``privacy.key_dir`` file for the client."""
+        key = state.get("key")
+        if self.settings.noise == "secret":
+            if key is None:
+                raise ValueError(f"privacy: the checkpoint of client {self.client} holds no secret key (privacy.noise)")
+            key = secret.check_key(key)
+            if self.settings.key_dir is not None and key != self.key:
+                raise ValueError(
+                    f"privacy.key_dir: {secret.key_file(self.settings.key_dir, self.client)} is not the key "
+                    f"the checkpoint of client {self.client} was drawn with"
+                )
+            self.key = key
         self.accountant = Accountant([tuple(entry) for entry in state["history"]])
         self.epsilon, self.stopped_at = float(state["epsilon"]), state["stopped_at"]

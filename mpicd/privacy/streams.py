@@ -1,17 +1,21 @@
-"""The random streams of the private path: ``seeds.rng(seed, seeds.PRIVACY, a, b, use)``.
+"""The random streams of the private path, one per (client, round, use).
 
-``use`` (the last key word) says what the stream is for, so no two coincide (see mpicd/seeds.py):
-a release's Poisson sample then its noise (a = client, b = round: keyed by the client, not the MPI
-rank that holds it, as every client stream in mpicd/seeds.py), DP-SGD's batch sampling and noise
-(torch generators, same a, b), the audit's neighbouring releases (a = trial, b = 0 without the
-canary, 1 with it) and the membership attack's draws (a = trial, b = 0).
+``use`` (the last key word) says what the stream is for, so no two coincide: a release's Poisson
+sample then its noise (keyed by the client, not the MPI rank that holds it, as every client
+stream in mpicd/seeds.py), DP-SGD's batch sampling and its noise, the audit's neighbouring
+releases (a = trial, b = 0 without the canary, 1 with it) and the membership attack's draws.
+
+What a release rests on is drawn from the client's secret key (``privacy.noise: secret``, the
+default: :class:`mpicd.privacy.secret.SecretStream`), which no peer holds; ``privacy.noise:
+seeded`` draws it from ``seeds.rng(seed, seeds.PRIVACY, client, round, use)`` instead, which every
+peer can redraw from the config: repeatable, and not private. The audit's and the attack's draws
+are the auditor's own experiment, not a release to anyone, and stay seeded.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from .. import seeds
+from .secret import SecretStream
 
 RELEASE = 0  # one release: its Poisson sample, then its noise, in that order
 DPSGD_SAMPLING = 1
@@ -19,7 +23,16 @@ DPSGD_NOISE = 2
 AUDIT = 3
 ATTACK = 4
 
+NOISE = ("secret", "seeded")  # privacy.noise
 
-def release_generator(seed: int, client: int, round_index: int) -> np.random.Generator:
-    """The generator of one client's release in one round (what the algorithms will use)."""
-    return seeds.rng(seed, seeds.PRIVACY, client, round_index, RELEASE)
+
+def stream(noise: str, key: bytes | None, seed: int, client: int, round_index: int, use: int):
+    """The generator of one use: ``random(n)`` uniforms and ``normal(0, std, size)``, from the
+    client's ``key`` (noise "secret") or from the public ``seed`` (noise "seeded")."""
+    if noise == "secret":
+        if key is None:
+            raise ValueError("privacy: secret noise needs the client's key")
+        return SecretStream(key, client, round_index, use)
+    if noise == "seeded":
+        return seeds.rng(seed, seeds.PRIVACY, client, round_index, use)
+    raise ValueError(f"privacy.noise must be one of {NOISE}, got {noise!r}")

@@ -46,6 +46,11 @@ def collect(
                 )
             seen[key] = run.path
             kept.append(run)
+            if run.cell.get("privacy.noise") == "seeded":
+                notes.append(
+                    f"NOT PRIVATE: {run.path}: privacy.noise seeded (its noise is redrawn from the seed by any "
+                    "peer): its epsilon holds against no one"
+                )
             if run.single_class:
                 notes.append(
                     f"warning: {run.path}: "
