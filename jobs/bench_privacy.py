@@ -22,6 +22,7 @@ from mpicd.comm import Comm
 from mpicd.config import load_config
 from mpicd.loop import run
 from mpicd.plan import prepare
+from mpicd.privacy import accountant
 from mpicd.results import Results
 from mpicd.runtime import abort_on_exception, place
 
@@ -46,6 +47,7 @@ with abort_on_exception(world):
     for (algorithm, privacy), overrides in VARIANTS.items():
         common = [f"clients={world.Get_size()}", f"rounds={rounds}", "device=cpu", "checkpoint.every=0", *extra]
         plan = prepare(load_config(CONFIG, [*common, *overrides]))
+        accountant.clear_cache()  # no variant reuses the PLDs and epsilons another computed
         path = out / f"{algorithm}_{privacy}.h5"
         run(plan, Comm(world), placement, path, log=lambda line: None, overwrite=True)
         world.Barrier()

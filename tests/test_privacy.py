@@ -418,3 +418,14 @@ def test_a_budget_keeps_its_key_in_its_state_and_refuses_a_checkpoint_of_another
     assert seeded.key is None and seeded.state_dict()["key"] is None
     with pytest.raises(ValueError, match="holds no secret key"):
         Budget(private_settings(), 0, 1).load_state_dict(seeded.state_dict())
+
+
+def test_clear_cache_forgets_every_pld_and_epsilon():
+    """What jobs/bench_privacy.py relies on so that no variant reuses another's accountant work."""
+    from mpicd.privacy.accountant import _composed_epsilon, _release_pld, clear_cache
+
+    eps = accountant.epsilon(0.5, 2.0, 3, 1e-5)
+    assert _release_pld.cache_info().currsize + _composed_epsilon.cache_info().currsize > 0
+    clear_cache()
+    assert _release_pld.cache_info().currsize == 0 == _composed_epsilon.cache_info().currsize
+    assert accountant.epsilon(0.5, 2.0, 3, 1e-5) == eps

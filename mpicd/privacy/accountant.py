@@ -99,6 +99,12 @@ class Accountant:
         return _composed_epsilon(tuple(self.history), delta)
 
 
+def clear_cache() -> None:
+    """Forget every PLD and epsilon computed so far (a benchmark's variants then each start cold)."""
+    _release_pld.cache_clear()
+    _composed_epsilon.cache_clear()
+
+
 @functools.lru_cache(maxsize=16)
 def _release_pld(q: float, sigma: float):
     """The PLD of one Poisson-subsampled Gaussian release, as ``PLDAccountant`` builds it."""
