@@ -1,6 +1,6 @@
 """Regenerate README.md's generated sections from the declarations (what tests/test_readme.py and
-tests/test_payloads.py check): the configuration tables, the "What leaves a rank" table and the
-results file's layout.
+tests/test_payloads.py check): the configuration tables, the "What leaves a rank" tables (payloads,
+channels) and the results file's layout.
 
     .venv/bin/python jobs/readme_tables.py
 """
@@ -8,12 +8,14 @@ results file's layout.
 from pathlib import Path
 
 from mpicd.algorithms import payload_table
+from mpicd.channels import table as channel_table
 from mpicd.config_text import config_tables
 from mpicd.results import layout_table
 
 SECTIONS = {
     "<!-- mpicd config --markdown: begin -->": ("<!-- mpicd config --markdown: end -->", config_tables),
     "<!-- payload table: begin -->": ("<!-- payload table: end -->", payload_table),
+    "<!-- channel table: begin -->": ("<!-- channel table: end -->", channel_table),
     "<!-- results layout: begin -->": ("<!-- results layout: end -->", layout_table),
 }
 readme = Path(__file__).resolve().parents[1] / "README.md"

@@ -116,9 +116,14 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     verify = argparse.ArgumentParser(
         prog="mpicd verify",
         description="check results files' invariants (run identity, config hash, finite completed "
-        "rounds, nothing past them, bytes as declared); exit 1 naming what is wrong",
+        "rounds, nothing past them, bytes as declared, per channel too); exit 1 naming what is wrong",
     )
     verify.add_argument("files", nargs="+", help="results files (.h5)")
+    verify.add_argument(
+        "--channels",
+        action="store_true",
+        help="also list each channel's class and the bytes all ranks sent and received on it (mpicd.channels)",
+    )
     pack = argparse.ArgumentParser(
         prog="mpicd pack",
         description="run a sweep's pending runs in one MPI job: "
@@ -235,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
 def verify(args: argparse.Namespace) -> int:
     from .verify import main
 
-    return main(args.files)
+    return main(args.files, channels=args.channels)
 
 
 def command_list(parsers: dict[str, argparse.ArgumentParser]) -> str:

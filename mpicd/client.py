@@ -279,7 +279,12 @@ class Client:
             teacher = int(teachers[rank])
             theirs = np.empty_like(mine)
             students = [int(s) for s in np.flatnonzero(teachers == rank)]
-            self.comm.exchange([(s, mine) for s in students], [(teacher, theirs)], tag=(round_index + 16384) % 32768)
+            self.comm.exchange(
+                [(s, mine) for s in students],
+                [(teacher, theirs)],
+                tag=(round_index + 16384) % 32768,
+                channel="diagnostics",
+            )
             cka = diagnostics.linear_cka(mine, theirs)
         share = self._grad_share.value() if self._grad_share is not None else math.nan
         return diagnostics.Diagnostics(term_grad_share=share, r_distance=self._r_distance, cka_teacher=cka)

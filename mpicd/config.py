@@ -266,7 +266,9 @@ class PrivacyConfig:
     counts: Literal["public", "noised"] = spec(
         "noised",
         doc="noised: the count dividing a sum is released with noise std sigma (the release's multiplier is then "
-        "sigma / sqrt 2); public: the expected count q n_c (n_c, the client's images of class c, public)",
+        "sigma / sqrt 2); public: the expected count q n_c (n_c, the client's images of class c): exact class sizes, "
+        "not covered under the zero-out adjacency, so only with privacy.noise: seeded or noise_multiplier 0 (runs "
+        "marked not private)",
     )
 
     noise: Literal["secret", "seeded"] = spec(
@@ -288,6 +290,13 @@ class PrivacyConfig:
             raise ConfigError("privacy.key_dir", f"holds secret keys, but privacy.noise is {self.noise!r}")
         if self.noise_multiplier is None and self.epsilon is None:
             raise ConfigError("privacy.noise_multiplier", "needs a value, or privacy.epsilon to derive it from")
+        if self.counts == "public" and self.noise == "secret" and self.noise_multiplier != 0.0:
+            raise ConfigError(
+                "privacy.counts",
+                "is public: it releases each class's exact size (q n_c), which differs between zero-out "
+                "neighbours (the null record has no class), so no epsilon covers it; use noised (the default), or "
+                "privacy.noise: seeded for a repeatable audit run (marked NOT PRIVATE)",
+            )
         if self.noise_multiplier == 0.0 and self.epsilon is not None:
             raise ConfigError(
                 "privacy.noise_multiplier",
@@ -422,6 +431,12 @@ class Config:
     )
 
     def __post_init__(self) -> None:
+        if self.privacy is not None and self.eval.diagnostics:
+            raise ConfigError(
+                "eval.diagnostics",
+                "is true, but privacy is on: its probe features (raw eval-mode representations of the teacher's "
+                "model) would reach the students outside the accountant; set eval.diagnostics: false, or privacy: null",
+            )
         fail = self.debug
         if fail.fail_rank is not None and fail.fail_rank >= self.clients:
             raise ConfigError("debug.fail_rank", f"is {fail.fail_rank}, but ranks are 0..{self.clients - 1}")

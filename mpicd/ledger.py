@@ -50,6 +50,13 @@ class Ledger:
         self.outside_rounds = Traffic()
         self.clients: dict[int, Traffic] | None = None
         self.client_rows: dict[int, Traffic] = {}
+        # The whole run's [sent, received] bytes per channel (mpicd.channels), in and outside rounds.
+        self.channels: dict[str, list[int]] = {}
+
+    def record_channel(self, channel: str, sent: int, recv: int) -> None:
+        totals = self.channels.setdefault(channel, [0, 0])
+        totals[0] += int(sent)
+        totals[1] += int(recv)
 
     def begin_round(self, clients: tuple[int, ...] = ()) -> None:
         if self.current is not None:

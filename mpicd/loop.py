@@ -27,11 +27,13 @@ from .layout import Layout
 from .faults import FaultInjector
 from .nonfinite import NonFiniteGuard
 from .watchdog import Watchdog
+from .channels import CHANNELS, payload_channel
 from .comm import Traffic
 from .config import ConfigError, config_difference
 from .identity import RUN_ID_CHARS, config_hash
 from .models import num_parameters
 from .plan import Plan
+from .privacy import ADJACENCY
 
 
 def software_versions() -> dict:
@@ -90,7 +92,9 @@ def privacy_attrs(plan: Plan) -> dict:
         "privacy_sample_rate": "1 / ceil(n / train.batch_size) (DP-SGD)" if plan.algorithm_cls.dpsgd else s.q,
         "privacy_clip": s.clip,
         "privacy_delta": s.delta,
-        "privacy_accountant": "dp-accounting PLD, Poisson-subsampled Gaussian, add/remove-one, per client",
+        "privacy_accountant": "dp-accounting PLD, Poisson-subsampled Gaussian, per client (add/remove-one's PLD, "
+        "the zero-out adjacency's for these releases: mpicd.privacy)",
+        "privacy_adjacency": ADJACENCY,
         "privacy_noise": NOISE_ATTR[s.noise],
     }
 
@@ -129,6 +133,7 @@ class Outcome:
 def _state(plan: Plan, client: Client, ledger, outside: bool = True) -> dict:
     """One client's checkpoint; ``outside``: with this rank's traffic outside rounds (its first
     client's file holds it, the others none, so a resume on any layout adds up the same total)."""
+    channels = {name: list(v) for name, v in ledger.channels.items()} if outside else {}
     outside = ledger.outside_rounds if outside else Traffic()
     return {
         "config": plan.resolved_config,
@@ -138,6 +143,7 @@ def _state(plan: Plan, client: Client, ledger, outside: bool = True) -> dict:
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if client.device.type == "cuda" else None,
         "outside_rounds": (dict(outside.bytes_sent), dict(outside.bytes_recv), outside.seconds),
+        "channels": channels,
         **({} if client.algorithm.ctx.privacy is None else {"privacy": client.algorithm.ctx.privacy.state_dict()}),
     }
 
@@ -156,6 +162,8 @@ def _restore(client: Client, ledger, state: dict) -> None:
     for kind in previous.bytes_sent:  # this job's start-up traffic adds to the earlier jobs'
         ledger.outside_rounds.add(kind, previous.bytes_sent[kind], previous.bytes_recv[kind], 0.0)
     ledger.outside_rounds.seconds += previous.seconds
+    for name, (sent, recv) in state.get("channels", {}).items():  # {}: a checkpoint older than channels
+        ledger.record_channel(name, sent, recv)
 
 
 def agree_on_checkpoint(comm, folder: Path, run_id: str, bound: int, clients: list[int] | None = None) -> int:
@@ -171,10 +179,10 @@ def agree_on_checkpoint(comm, folder: Path, run_id: str, bound: int, clients: li
     mine = sorted(set.intersection(*held), reverse=True)
     while True:
         best = max((n for n in mine if n <= bound), default=0)
-        candidate = int(comm.allreduce_min(np.array([best], dtype=np.int64))[0])
+        candidate = int(comm.allreduce_min(np.array([best], dtype=np.int64), channel="start")[0])
         if candidate == 0:
             return 0
-        held = int(comm.allreduce_min(np.array([int(candidate in mine)], dtype=np.int64))[0])
+        held = int(comm.allreduce_min(np.array([int(candidate in mine)], dtype=np.int64), channel="start")[0])
         if held:
             return candidate
         bound = candidate - 1
@@ -201,7 +209,7 @@ def agree_on_start(comm, out: Path, resolved: dict, mode: str) -> startpoint.Sta
     if comm.rank == 0:
         flags[:4] = [decision.fresh, decision.complete, decision.bound, decision.clear]
         flags[4:] = np.frombuffer(decision.run_id.encode().ljust(RUN_ID_CHARS), dtype=np.uint8)
-    flags = comm.bcast(flags)
+    flags = comm.bcast(flags, channel="start")
     if comm.rank == 0:
         return decision
     run_id = bytes(flags[4:].astype(np.uint8)).decode().strip()
@@ -227,7 +235,7 @@ def resume_point(plan: Plan, clients: list[Client], comm, out: Path, decision: s
             states.append(None)
             refused.append(c.index)
     none = plan.config.clients  # more than any client index: no file was refused
-    first = int(comm.allreduce_min(np.array([min(refused, default=none)], dtype=np.int64))[0])
+    first = int(comm.allreduce_min(np.array([min(refused, default=none)], dtype=np.int64), channel="start")[0])
     if first < none:  # every rank raises, so none is left in a collective; rank 0 prints it
         raise ConfigError(
             "--resume",
@@ -235,14 +243,16 @@ def resume_point(plan: Plan, clients: list[Client], comm, out: Path, decision: s
             " (it holds more than tensors and plain types; nothing in it was run): move it away to resume"
             " from an older checkpoint, or start a new output",
         )
-    ok = int(comm.allreduce_min(np.array([int(all(s is not None for s in states))], dtype=np.int64))[0])
+    ok = int(
+        comm.allreduce_min(np.array([int(all(s is not None for s in states))], dtype=np.int64), channel="start")[0]
+    )
     for c in indices:
         checkpoint.discard(folder, c, decision.run_id, newer_than=agreed if ok else -1)
     if not ok:
         return 0
     state = states[0]
     difference = config_difference(state["config"], plan.resolved_config, "the checkpoint", "this run")
-    same = int(comm.allreduce_min(np.array([int(difference is None)], dtype=np.int64))[0])
+    same = int(comm.allreduce_min(np.array([int(difference is None)], dtype=np.int64), channel="start")[0])
     if not same:  # every rank raises here, so none is left in a collective
         raise ConfigError(
             "--resume",
@@ -374,6 +384,7 @@ def run(
             "startup_seconds", yaml.safe_dump({k: round(float(v), 4) for k, v in startup.items()}, sort_keys=False)
         )
     watchdog, fault, guards = _guards(plan, clients, comm, writer)
+    comm.declare(payload_channel(plan.algorithm_cls, plan.algorithm_params))
     try:
         return _rounds(
             plan, clients, comm, writer, out, start, log, stop_requested, watchdog, fault, guards, decision.run_id
@@ -381,6 +392,7 @@ def run(
     finally:
         watchdog.stop()
         comm.on_transfer = comm.after_transfer = None
+        comm.declare(CHANNELS["payload"])
 
 
 def _guards(plan: Plan, clients: list[Client], comm, writer):
@@ -472,13 +484,16 @@ def _rounds(
         if cfg.eval.diagnostics:  # after end_round: the probe features count outside rounds
             watchdog.phase = "diagnostics (eval.diagnostics)"
             diag = first.round_diagnostics(r)  # one client per rank (run refuses it otherwise)
-        # Progress line, stop agreement: a small Allreduce outside the round's ledger row.
+        # Outside the round's ledger row: the stop agreement (control: every rank needs it), and
+        # the progress line's figures, gathered to rank 0 alone (instrumentation, mpicd.channels).
+        asked = int(comm.allreduce_sum(np.array([stop_requested()], dtype=np.int64), channel="stop")[0])
+        stop = asked > 0 and r + 1 < cfg.rounds
+        interrupted = asked >= signals.INTERRUPTED
         minority = [scores[c.index][0].minority_acc for c in clients if scores[c.index][0] is not None]
-        summary = comm.allreduce_sum(
-            np.array([sum(minority) if minority else np.nan, traffic.total_sent, elapsed, float(stop_requested())])
+        progress = comm.gather(
+            np.array([sum(minority) if minority else np.nan, traffic.total_sent, elapsed]), channel="progress"
         )
-        stop = summary[3] > 0 and r + 1 < cfg.rounds
-        interrupted = summary[3] >= signals.INTERRUPTED
+        summary = progress.sum(axis=0) if progress is not None else None
         watchdog.phase = "writing the results row"
         rows = {}
         for c in clients:
@@ -578,7 +593,7 @@ def _warn_single_class(comm, writer, one_class: dict[int, list[bool]], log, clie
     for c, flags in one_class.items():
         last = min(degenerate.LAST_ROUNDS, len(flags))
         mine[c] = int(last > 0 and all(flags[-last:]))
-    flagged = [int(c) for c in np.flatnonzero(comm.allreduce_sum(mine))]
+    flagged = [int(c) for c in np.flatnonzero(comm.allreduce_sum(mine, channel="single_class"))]
     writer.set_attr("single_class_clients", np.array(flagged, dtype=np.int64))
     if flagged and comm.rank == 0:
         log(f"mpicd: warning: {degenerate.warning(flagged, clients, last)}")
@@ -589,7 +604,7 @@ def _remove_checkpoints(comm, folder: Path, run_id: str, clients: list[int]) -> 
     (left in place if another run's files are still in it)."""
     for c in clients:
         checkpoint.discard(folder, c, run_id)
-    comm.allreduce_min(np.zeros(1, dtype=np.int64))  # every rank has deleted its files
+    comm.allreduce_min(np.zeros(1, dtype=np.int64), channel="stop")  # every rank has deleted its files
     if comm.rank == 0 and folder.is_dir():
         try:
             folder.rmdir()

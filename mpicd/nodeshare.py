@@ -135,8 +135,10 @@ def load_shared(comm: Comm, load: Callable[[], Dataset]) -> tuple[Dataset, Share
         node.ledger = comm.ledger  # the metadata bytes count in the caller's ledger, outside rounds
         leader = node.rank == 0
         text, arrays = _encode(load) if leader else (b"", [])
-        size = node.bcast(np.array([len(text)], dtype=np.int64))
-        raw = node.bcast(np.frombuffer(text, dtype=np.uint8).copy() if leader else np.empty(size[0], np.uint8))
+        size = node.bcast(np.array([len(text)], dtype=np.int64), channel="dataset")
+        raw = node.bcast(
+            np.frombuffer(text, dtype=np.uint8).copy() if leader else np.empty(size[0], np.uint8), channel="dataset"
+        )
         meta = json.loads(raw.tobytes())
         if "error" in meta:
             raise _config_error(*meta["error"])

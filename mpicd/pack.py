@@ -71,6 +71,7 @@ class Counter:
         self.win.Unlock(0)  # the fetched values are valid from here on
         # one-sided to rank 0, counted like point-to-point (outside any run's rounds)
         self.ledger.record("p2p", add.nbytes, before.nbytes, time.perf_counter() - start)
+        self.ledger.record_channel("sweep", add.nbytes, before.nbytes)
         return {name: int(before[i] + add[i]) for i, name in enumerate(names)}
 
     def next(self) -> int:
@@ -104,8 +105,8 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
         )
     except ConfigError:
         return 2
-    count = world.bcast(np.array([len(pending)], dtype=np.int64))[0]
-    pending = world.bcast(pending if world.rank == 0 else np.empty(count, dtype=np.int64))
+    count = world.bcast(np.array([len(pending)], dtype=np.int64), channel="sweep")[0]
+    pending = world.bcast(pending if world.rank == 0 else np.empty(count, dtype=np.int64), channel="sweep")
     if world.rank == 0:
         log(
             f"mpicd pack: {len(runs)} runs in {sweep_path}, {count} pending; {world.size} ranks = "
@@ -126,7 +127,7 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
         scheduler = Comm(group_mpi)  # the group's scheduling traffic, apart from every run's ledger
         leader = scheduler.rank == 0
         while not stopped:
-            slot = scheduler.bcast(np.array([counter.next() if leader else 0], dtype=np.int64))
+            slot = scheduler.bcast(np.array([counter.next() if leader else 0], dtype=np.int64), channel="sweep")
             if slot[0] >= count:
                 break
             run = runs[int(pending[slot[0]])]
@@ -159,7 +160,9 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
         group_mpi.Free()
     _wait(world.mpi.Ibarrier())  # finished groups and idle ranks sleep until the last run ends
     counter.free()
-    summary = world.allreduce_sum(np.array([len(failed), int(stopped), int(interrupted)], dtype=np.int64))
+    summary = world.allreduce_sum(
+        np.array([len(failed), int(stopped), int(interrupted)], dtype=np.int64), channel="sweep"
+    )
     if world.rank == 0:
         log(
             f"mpicd pack: finished in {time.perf_counter() - started:.1f} s; "

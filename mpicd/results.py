@@ -14,7 +14,8 @@ Layout (a contract the report and later tools rely on):
     /metrics/<name>         (round, client) float64 losses, scores and seconds, int64 skipped and
                             bytes; recall, val_recall, train_recall (round, client, class)
     /comm/<name>            (round, client, kind) int64 bytes by kind of MPI operation (attr
-                            kinds), (round, client) teacher; outside_rounds (client, direction)
+                            kinds), (round, client) teacher; outside_rounds (client, direction);
+                            channel_bytes (client, channel, direction) over the run (attr classes)
     /diag/<name>            (round, client) float64 mechanism diagnostics (eval.diagnostics)
     /partition/<name>       (client, class) image counts, (client,) expertise
     /placement/<name>       (client,) host, device, cpu strings, local_rank, threads
@@ -32,8 +33,9 @@ Readers here skip the scales (:func:`is_scale`).
 The per-round datasets are declared once in :func:`columns`; creation, the collective write and
 the packing of a rank's rows into one vector all follow that table.
 
-Rows are gathered at each flush (one Allgather through ``comm``, so the bytes are counted) and
-rank 0 alone unpacks and writes them, one contiguous block per dataset (BENCHMARKS.md: every
+Rows are gathered to rank 0, the writer, at each flush (one Gather through ``comm`` on the
+instrumentation channel ``rows``, so the bytes are counted and no other rank receives another's
+metrics: mpicd.channels) and rank 0 alone unpacks and writes them, one contiguous block per dataset (BENCHMARKS.md: every
 rank writing its own rows, or unpacking every rank's, made the write's CPU time grow with the
 ranks). With h5py built against MPI (driver ``mpio``)
 all ranks hold the file open and make every metadata change and every flush together; without
@@ -54,6 +56,7 @@ from collections.abc import Callable
 import h5py
 import numpy as np
 
+from .channels import CHANNELS
 from .ledger import KINDS, Traffic
 
 if TYPE_CHECKING:  # reading a file needs no MPI: only the writer is handed a Comm
@@ -122,6 +125,7 @@ DIMENSIONS = {
     "class": ("", "The class, by name (attr class_names)."),
     "kind": ("", "The kind of MPI operation the bytes were counted under (mpicd.ledger.KINDS)."),
     "direction": ("", "Bytes sent or received."),
+    "channel": ("", "Why the bytes crossed MPI (mpicd.channels: protocol or instrumentation; attr classes)."),
 }
 DIRECTIONS = ("sent", "received")
 
@@ -169,7 +173,8 @@ def private_columns() -> list[Column]:
     return [
         Column("metrics/epsilon", "f8", (), lambda row: row.epsilon, "1",
                "The client's epsilon at the attr privacy_delta after every release it made up to and including the "
-               "round (dp-accounting PLD, Poisson-subsampled Gaussian, add/remove-one; 0 before its first)."),
+               "round (dp-accounting PLD, Poisson-subsampled Gaussian, zero-out adjacency: attr privacy_adjacency; 0 before "
+               "its first)."),
         Column("metrics/privacy_stopped", "i8", (), lambda row: row.privacy_stopped, "1",
                "1 from the round in which the client's privacy budget (privacy.epsilon) refused its release on "
                "(it shares nothing from then on), else 0."),
@@ -241,6 +246,10 @@ def fixed() -> list[Fixed]:
         Fixed("comm/outside_rounds", "i8", ("client", "direction"), "bytes",
               "Bytes sent and received outside any round (start-up agreement, progress line, serial gather, "
               "eval.diagnostics' probe features), written when the run ends.", -1),
+        Fixed("comm/channel_bytes", "i8", ("client", "channel", "direction"), "bytes",
+              "Bytes the client's rank sent and received over the whole run on each channel (mpicd.channels), on "
+              "the rank's first client (-1 on its others), in and outside rounds, up to the writer's gather of "
+              "this table itself; written when the run ends.", -1),
         Fixed("partition/train_counts", "i8", ("client", "class"), "images",
               "Each client's training images of each class."),
         Fixed("partition/test_counts", "i8", ("client", "class"), "images",
@@ -275,6 +284,7 @@ def dimension_values(rounds: int, clients: int, class_names: list[str]) -> dict[
         "class": text(class_names),
         "kind": text(KINDS),
         "direction": text(DIRECTIONS),
+        "channel": text(CHANNELS),
     }
 
 
@@ -374,8 +384,8 @@ class ResultsWriter:
         if not self.parallel and comm.rank == 0:
             why = "serial writer requested" if h5py.get_config().mpi else "h5py has no MPI support"
             warnings.warn(f"{why}: rank 0 gathers the results and writes them serially", RuntimeWarning, stacklevel=2)
-        # every rank sends the same number of rows (padded), so one Allgather carries them
-        self._held = int(comm.allgather(np.array([len(self.clients)])).max())
+        # every rank sends the same number of rows (padded), so one Gather carries them
+        self._held = int(comm.allgather(np.array([len(self.clients)], dtype=np.int64), channel="slots").max())
         path = Path(path)
         self.file = None
         self.writer = "mpio" if self.parallel else "serial"
@@ -439,7 +449,8 @@ class ResultsWriter:
         text[width + 2 :] = -1
         text[width + 2 : width + 2 + len(self.clients)] = self.clients
         rows = {}
-        for vec in self.comm.allgather(text):
+        everyone = self.comm.gather(text, channel="placement")  # to the writer alone
+        for vec in [] if everyone is None else everyone:
             row, at = {}, 0
             for key, n in PLACEMENT_STRINGS.items():
                 row[key] = bytes(vec[at : at + n].astype(np.uint8)).rstrip(b"\0").decode()
@@ -478,6 +489,9 @@ class ResultsWriter:
             dset.attrs["units"], dset.attrs["description"] = d.units, d.description
             if d.path.startswith("comm/bytes_"):
                 dset.attrs["kinds"] = np.array(KINDS, dtype=h5py.string_dtype())
+            if d.path == "comm/channel_bytes":
+                dset.attrs["classes"] = np.array([c.cls for c in CHANNELS.values()], dtype=h5py.string_dtype())
+                dset.attrs["roles"] = np.array([c.role for c in CHANNELS.values()], dtype=h5py.string_dtype())
         if self.comm.rank == 0:  # one independent write each (serial: rank 0 holds the file)
             for (_, dim), scale in scales.items():
                 scale[...] = values[dim]
@@ -503,8 +517,8 @@ class ResultsWriter:
     def _flush(self, round_index: int) -> None:
         """Write the buffered rows and the known write times, then claim them (collective).
 
-        One Allgather brings every rank's buffered rows to every rank and rank 0 alone unpacks and
-        writes them, one contiguous block of (rounds, clients) per dataset: the writes per flush are
+        One Gather brings every rank's buffered rows to rank 0 alone (no other rank sees another's
+        metrics), which unpacks and writes them, one contiguous block of (rounds, clients) per dataset: the writes per flush are
         the same at 2 ranks as at 32 (each rank writing its own rows made the CPU time of the
         round's writes grow with the ranks, measured in BENCHMARKS.md). Under mpio the other
         ranks take part in the metadata update and the flush.
@@ -536,7 +550,7 @@ class ResultsWriter:
 
     def _gathered(self) -> tuple[int, list[np.ndarray], dict[int, np.ndarray]] | None:
         """Every rank's buffered rows and unwritten write times, on rank 0 (None elsewhere): one
-        Allgather of float64 (integers up to 2**53 are exact), then (first buffered round, one
+        Gather of float64 (integers up to 2**53 are exact), then (first buffered round, one
         (rounds, clients, *shape) block per column, {round: write seconds of every client}).
 
         Every rank buffers the same rounds (flushes are agreed), and pads to the same number of
@@ -552,8 +566,8 @@ class ResultsWriter:
                 values[i, j] = [client, *pack(self._buffer[r][client])]
             for i, r in enumerate(timed):
                 seconds[i, j] = [client, self._times[r]]
-        everyone = self.comm.allgather(np.concatenate([values.ravel(), seconds.ravel()]))
-        if self.comm.rank != 0:
+        everyone = self.comm.gather(np.concatenate([values.ravel(), seconds.ravel()]), channel="rows")
+        if everyone is None:  # only the writer receives the rows (instrumentation, mpicd.channels)
             return None
         # (ranks, rounds, held, ...) -> (rounds, ranks * held, ...): a row per (round, slot)
         slots = self.comm.size * self._held
@@ -614,10 +628,13 @@ class ResultsWriter:
             self._times[last] = time.perf_counter() - began
         if outside is None:
             outside = {self.clients[0]: self.comm.ledger.outside_rounds}
-        mine = np.full((self._held, 3), np.nan)
+        width = 3 + 2 * len(CHANNELS)
+        mine = np.full((self._held, width), np.nan)
         for j, client in enumerate(self.clients):
             if client in outside:
-                mine[j] = [client, outside[client].total_sent, outside[client].total_recv]
+                traffic = self.comm.ledger.channels if j == 0 else {}
+                by_channel = [traffic.get(name, [0, 0])[k] for name in CHANNELS for k in (0, 1)]
+                mine[j] = [client, outside[client].total_sent, outside[client].total_recv, *by_channel]
         if self.parallel:
             blocks = [mine]
             times = {r: dict.fromkeys(self.clients, t) for r, t in self._times.items()}
@@ -627,14 +644,21 @@ class ResultsWriter:
                 r: {c: t for c, t in enumerate(row) if not np.isnan(t)}
                 for r, row in (gathered or (0, [], {}))[2].items()
             }
-            blocks = [v.reshape(mine.shape) for v in self.comm.allgather(mine.ravel())]
+            everyone = self.comm.gather(mine.ravel(), channel="rows")  # to the writer alone
+            blocks = [] if everyone is None else [v.reshape(mine.shape) for v in everyone]
         last = max(self._times, default=-1)
         if self.file is not None:
             for block in blocks:
+                held = [row for row in block if not np.isnan(row[0])]
+                self._put("comm/outside_rounds", (), {int(row[0]): row[1:3].astype(np.int64) for row in held})
                 self._put(
-                    "comm/outside_rounds",
+                    "comm/channel_bytes",
                     (),
-                    {int(c): np.array([s, r], dtype=np.int64) for c, s, r in block if not np.isnan(c)},
+                    {
+                        int(row[0]): row[3:].reshape(len(CHANNELS), 2).astype(np.int64)
+                        for i, row in enumerate(held)
+                        if i == 0
+                    },
                 )
             for r, seconds in times.items():
                 self._put("metrics/write_seconds", (r,), seconds)
@@ -743,6 +767,14 @@ class Results:
             self.bytes_recv_by_kind = f["comm/bytes_recv"][done]
             self.teacher = f["comm/teacher"][done]
             self.outside_rounds = f["comm/outside_rounds"][()]
+            # {channel: (class, (clients, 2) bytes sent and received)}; {} in a file older than channels
+            self.channel_bytes = {}
+            if "comm/channel_bytes" in f:
+                dset = f["comm/channel_bytes"]
+                names = [_text(n) for n in f["comm/channel"][()]]
+                classes = [_text(c) for c in dset.attrs["classes"]]
+                values = dset[()]
+                self.channel_bytes = {n: (c, values[:, i, :]) for i, (n, c) in enumerate(zip(names, classes))}
             self.partition = {name: f["partition"][name][()] for name in data["partition"]}
             self.placement = (
                 {name: [_text(v) for v in dset[()]] for name, dset in f["placement"].items() if not is_scale(dset)}

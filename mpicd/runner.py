@@ -113,7 +113,7 @@ def startup_seconds(comm, marks: list[float]) -> dict[str, float]:
         launch = marks[0] - float(launched) if launched else -1.0
     except ValueError:
         launch = -1.0
-    phases = comm.bcast(np.array([launch, *np.diff(marks)], dtype=np.float64))
+    phases = comm.bcast(np.array([launch, *np.diff(marks)], dtype=np.float64), channel="launch")
     return {name: float(s) for name, s in zip(STARTUP_PHASES, phases) if s >= 0}
 
 

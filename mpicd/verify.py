@@ -18,6 +18,11 @@ Checked, from the file alone:
   (``Payload.rank_sent``, the layout from the attr ``client_rank``; files never resumed);
 * participation: a client that sat a round out (``/metrics/participated`` 0) has no training
   loss and no bytes;
+* channels (``/comm/channel_bytes``, mpicd.channels): every channel is a declared one, of its
+  declared class; on a complete file never resumed, each rank's channels add up to its bytes in
+  rounds plus outside them, and its payload channel to its bytes in rounds (nothing else crosses
+  in a round); no rank but the writer received bytes on a channel that reaches only the writer;
+  with privacy, no diagnostics bytes (``--channels`` lists each channel's class and bytes);
 * teachers: -1 or another client; ``skipped`` is 0 or 1; a complete file has its bytes outside rounds.
 """
 
@@ -41,16 +46,17 @@ class Verdict:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     summary: str = ""
+    channels: list[str] = field(default_factory=list)  # one line per channel (``--channels``)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
-    def text(self) -> str:
+    def text(self, channels: bool = False) -> str:
         head = f"{self.path}: {'ok' if self.ok else f'{len(self.problems)} problem(s)'}"
         head += f" ({self.summary})" if self.summary else ""
         lines = [head] + [f"  problem: {p}" for p in self.problems] + [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
+        return "\n".join(lines + ([f"  channel: {c}" for c in self.channels] if channels else []))
 
 
 def _rounds_text(rounds) -> str:
@@ -84,6 +90,7 @@ def verify(path: str | Path) -> Verdict:
     _past_the_end(verdict, path, done)
     _bytes(verdict, res, config, attrs, clients, done)
     _mpi_bytes(verdict, res.path, config, attrs, done)
+    _channels(verdict, res, attrs, rounds, done)
     teacher = res.teacher
     own = np.arange(teacher.shape[1])[None, :] if teacher.size else teacher
     bad = (teacher != -1) & ((teacher < 0) | (teacher >= clients) | (teacher == own))
@@ -158,7 +165,7 @@ def _past_the_end(verdict: Verdict, path, done: int) -> None:
     with h5py.File(path, "r") as f:
         for group in ("metrics", "comm"):
             for name, dset in f[group].items():
-                if not isinstance(dset, h5py.Dataset) or dset.ndim < 2 or name == "outside_rounds":
+                if not isinstance(dset, h5py.Dataset) or dset.ndim < 2 or name in ("outside_rounds", "channel_bytes"):
                     continue
                 rest = dset[done + 1 :]
                 if not rest.size:
@@ -269,12 +276,74 @@ def _mpi_bytes(verdict: Verdict, path: Path, config: dict, attrs: dict, done: in
         )
 
 
-def main(paths: list[str]) -> int:
-    """Exit status 0: every file keeps every promise; 1: some file does not (each problem named)."""
+def _channels(verdict: Verdict, res, attrs: dict, rounds: int, done: int) -> None:
+    """The file's per-channel bytes against the declaration (:mod:`mpicd.channels`)."""
+    from .channels import CHANNELS
+
+    if not res.channel_bytes:
+        verdict.notes.append("no /comm/channel_bytes (an older mpicd): bytes not checked per channel")
+        return
+    for name, (cls, _) in res.channel_bytes.items():
+        declared = CHANNELS.get(name)
+        if declared is None:
+            verdict.problems.append(f"/comm/channel_bytes has channel {name!r}, which mpicd does not declare")
+        elif cls != declared.cls:
+            verdict.problems.append(
+                f"/comm/channel_bytes says channel {name!r} is {cls}, but it is declared {declared.cls}"
+            )
+    complete = done == rounds and rounds > 0
+    if not complete:
+        return
+    owner = np.asarray(attrs.get("client_rank", np.arange(res.teacher.shape[1] if res.teacher.size else 0)))
+    firsts = [int(np.flatnonzero(owner == rank)[0]) for rank in range(int(owner.max()) + 1)] if owner.size else []
+    values = {name: v for name, (_, v) in res.channel_bytes.items()}
+    if any((values[name][firsts] < 0).any() for name in values):
+        verdict.problems.append("a complete file without its bytes per channel (/comm/channel_bytes is -1)")
+        return
+    for name, v in values.items():
+        declared = CHANNELS.get(name)
+        if declared is not None and declared.reach == "writer":
+            readers = [rank for rank, c in enumerate(firsts) if rank != 0 and v[c, 1] > 0]
+            if readers:
+                verdict.problems.append(
+                    f"channel {name!r} reaches only the writer, but rank(s) {readers} received {name} bytes"
+                )
+    if "privacy_delta" in attrs and "diagnostics" in values and values["diagnostics"][firsts].any():
+        verdict.problems.append("privacy is on, but eval.diagnostics' probe features crossed MPI (channel diagnostics)")
+    import h5py
+
+    with h5py.File(res.path, "r") as f:
+        mpi = {side: f[f"comm/bytes_mpi_{side}"][:done] for side in ("sent", "recv") if f"comm/bytes_mpi_{side}" in f}
+    outside_known = not (res.outside_rounds[firsts] < 0).any()  # else named by the outside-rounds check
+    if not len(attrs.get("resumed_at", [])) and len(mpi) == 2 and outside_known:
+        for d, side in enumerate(("sent", "recv")):
+            in_rounds = mpi[side].sum(axis=(0, 2))
+            total = sum(v[:, d] for v in values.values())
+            for rank, c in enumerate(firsts):
+                if total[c] != in_rounds[c] + res.outside_rounds[c, d]:
+                    verdict.problems.append(
+                        f"rank {rank}: its channels' bytes {side} ({int(total[c])}) are not its bytes in rounds plus "
+                        f"outside them ({int(in_rounds[c])} + {int(res.outside_rounds[c, d])})"
+                    )
+                if "payload" in values and values["payload"][c, d] != in_rounds[c]:
+                    verdict.problems.append(
+                        f"rank {rank}: payload bytes {side} ({int(values['payload'][c, d])}) are not its bytes in "
+                        f"rounds ({int(in_rounds[c])}): something else crossed MPI inside a round"
+                    )
+    for name, v in values.items():
+        declared = CHANNELS.get(name)
+        kind, role = ("undeclared", "undeclared") if declared is None else (declared.cls, declared.role)
+        sent, recv = int(v[firsts, 0].sum()), int(v[firsts, 1].sum())
+        verdict.channels.append(f"{name:<13} {kind:<15} {role:<15} sent {sent:>14,d}  received {recv:>14,d}")
+
+
+def main(paths: list[str], channels: bool = False) -> int:
+    """Exit status 0: every file keeps every promise; 1: some file does not (each problem named).
+    ``channels``: each file's bytes per channel too (all ranks, the run's whole)."""
     failed = 0
     for path in paths:
         verdict = verify(path)
-        print(verdict.text())
+        print(verdict.text(channels))
         failed += not verdict.ok
     if len(paths) > 1:
         print(f"{len(paths) - failed} of {len(paths)} files ok")

@@ -40,7 +40,7 @@ def compared(path) -> dict:
         def take(name, obj):
             if not isinstance(obj, h5py.Dataset) or is_timing(name):
                 return
-            if name.startswith(("placement/", "comm/bytes_mpi_", "comm/outside_rounds")):
+            if name.startswith(("placement/", "comm/bytes_mpi_", "comm/outside_rounds", "comm/channel_bytes")):
                 return
             found[name] = obj[()]
 

@@ -208,7 +208,7 @@ def test_on_changes_nothing_else_bit_for_bit(runs):
         assert _datasets(b) == _datasets(a)
         compared = 0
         for n in _datasets(a):
-            if n in DIAG or is_timing(n) or n == "comm/outside_rounds":  # outside_rounds: the next test
+            if n in DIAG or is_timing(n) or n in ("comm/outside_rounds", "comm/channel_bytes"):  # the next test
                 continue
             np.testing.assert_array_equal(a[n][()], b[n][()], err_msg=n)
             compared += 1
@@ -230,6 +230,8 @@ def test_probe_features_travel_outside_rounds_exactly(runs):
         assert verify(runs[name] / "run.h5").ok, verify(runs[name] / "run.h5").text()
     with h5py.File(runs["off"] / "run.h5", "r") as a, h5py.File(runs["on"] / "run.h5", "r") as b:
         grown = b["comm/outside_rounds"][()] - a["comm/outside_rounds"][()]
+        diagnostics_channel = [n.decode() for n in b["comm/channel"][()]].index("diagnostics")
+        carried = b["comm/channel_bytes"][:, diagnostics_channel], a["comm/channel_bytes"][:, diagnostics_channel]
         teacher = b["comm/teacher"][()]
         feature_dim = int(b.attrs["feature_dim"])
         assert "(57 cases)" in b.attrs["val_split"]  # the quickstart's validation split: fewer than 64
@@ -238,3 +240,4 @@ def test_probe_features_travel_outside_rounds_exactly(runs):
     for client in range(4):
         students = int((teacher == client).sum())  # over the 3 rounds
         assert grown[client].tolist() == [students * pair, ROUNDS * pair], client
+        assert carried[0][client].tolist() == [students * pair, ROUNDS * pair] and carried[1][client].tolist() == [0, 0]

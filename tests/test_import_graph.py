@@ -21,7 +21,7 @@ LAYERS = (
         "foundations: no mpicd imports but each other",
         ("mpicd", "mpicd.schema", "mpicd.seeds", "mpicd.ledger", "mpicd.metrics", "mpicd.optim",
          "mpicd.diagnostics", "mpicd.degenerate", "mpicd.durations", "mpicd.faults", "mpicd.signals",
-         "mpicd.checkpoint", "mpicd.watchdog", "mpicd.exclusive"),
+         "mpicd.checkpoint", "mpicd.watchdog", "mpicd.exclusive", "mpicd.channels"),
     ),
     ("MPI, models, client sampling, privacy maths", ("mpicd.comm", "mpicd.nonfinite", "mpicd.models",
      "mpicd.participation", "mpicd.privacy")),

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from mpicd.algorithms import REGISTRY, Sizes, payload_table, resolve
+from mpicd.channels import CHANNELS, payload_channel
 from mpicd.ledger import KINDS
 from mpicd.models import build_model
 from mpicd.results import Results
@@ -209,9 +210,21 @@ def test_no_pixel_value_is_in_any_buffer_that_crossed_mpi(job, label):
     res = Results(job / f"pixels_{label}.h5")
     cls, p = resolve(BYTE_VARIANTS[label])
     sizes = Sizes(N=RANKS, C=2, D=200, P=LENET_P, B=0)
+    declared = payload_channel(cls, p)
     for rank, report in enumerate(pixel_reports(job)):
         seen = report[label]
-        assert seen["findings"] == [], (label, rank)
+        assert seen["refused"] is None and seen["findings"] == [], (label, rank)
+        # every buffer that crossed was on a declared channel of its class, of a dtype it declares;
+        # what only the writer needs reached no other rank; the ledger counted each channel's bytes
+        for channel, (cls_name, _, sent, dtypes) in seen["audit"].items():
+            assert channel in CHANNELS and cls_name == CHANNELS[channel].cls, (label, rank, channel)
+            allowed = declared.dtypes if channel == "payload" else CHANNELS[channel].dtypes
+            assert set(dtypes) <= set(allowed), (label, rank, channel, dtypes)
+            assert seen["ledger_channels"][channel][0] == sent, (label, rank, channel)
+        assert {"rows", "progress", "layout", "stop"} <= set(seen["audit"]), (label, rank)  # placement: serial only
+        if rank != 0:
+            assert seen["ledger_channels"]["rows"][1] == seen["ledger_channels"]["progress"][1] == 0, (label, rank)
+        assert "diagnostics" not in seen["audit"]
         # the rounds moved the declared payload, the recorder saw every byte the ledger counted (in
         # and outside rounds), and nothing of the communicator was used but its rank and size
         for kind in KINDS:
@@ -225,19 +238,27 @@ def test_no_pixel_value_is_in_any_buffer_that_crossed_mpi(job, label):
         assert sum(report[label]["rounds_sent"][cls.payload_for(p).kind] for report in pixel_reports(job)) > 0
 
 
+def test_a_pixel_inside_a_declared_payload_is_found_by_the_search(job):
+    """One pixel inside a feature vector sent point to point, of the payload's own dtype and
+    operation: the declaration lets it through, the search finds it (the clean results above are
+    not for want of looking)."""
+    for rank, report in enumerate(pixel_reports(job)):
+        hits = report["leak_pixel_p2p"]["findings"]
+        assert report["leak_pixel_p2p"]["refused"] is None
+        assert hits and all("float32(1, 200)" in hit for hit in hits), (rank, hits)
+
+
 @pytest.mark.parametrize(
-    "leak, op",
+    "leak, why",
     [
-        ("leak_image", "Allgather float32("),
-        ("leak_pixel_p2p", "float32(1, 200)"),
-        ("leak_pixel_float64", "Allreduce float64(8,)"),
+        ("leak_image", "channel 'payload' declares allreduce, not allgather; nothing was sent"),
+        ("leak_pixel_float64", "channel 'payload' declares float32, but a float64 buffer (8,) was about to be sent"),
     ],
 )
-def test_a_leaky_algorithm_is_caught(job, leak, op):
-    """The same search finds one raw image, one pixel inside a feature vector sent point to point,
-    and one pixel widened to float64: the clean results above are not for want of looking."""
+def test_a_buffer_its_payload_does_not_declare_is_refused_before_it_is_sent(job, leak, why):
+    """One raw image on an operation FedAvg does not declare, one pixel widened to float64 on
+    FedProto's float32 payload: every rank refuses it before posting anything, and no buffer that
+    did cross holds a pixel."""
     for rank, report in enumerate(pixel_reports(job)):
-        hits = report[leak]["findings"]
-        assert hits and all(op in hit for hit in hits), (leak, rank, hits)
-    if leak == "leak_image":  # all of an image's values, on every rank (8 distinctive values, 784 pixels)
-        assert all(len({h.split(" holds ")[1] for h in r[leak]["findings"]}) >= 8 for r in pixel_reports(job))
+        assert why in (report[leak]["refused"] or ""), (leak, rank, report[leak]["refused"])
+        assert report[leak]["findings"] == [], (leak, rank)

@@ -116,8 +116,8 @@ def redrawn(noise: str, ctx, round_index: int):
     return SecretStream(ctx.privacy.key, 1, round_index, 0)
 
 
-@pytest.mark.parametrize("noise", ["secret", "seeded"])
-@pytest.mark.parametrize("counts", ["noised", "public"])
+# counts: public with secret noise is refused (exact class sizes under zero-out: tests/test_channels.py)
+@pytest.mark.parametrize("noise, counts", [("secret", "noised"), ("seeded", "noised"), ("seeded", "public")])
 def test_class_release_is_the_clipped_sum_plus_noise_of_std_sigma_c(counts, noise):
     s = private_settings(clip=0.5, counts=counts, noise=noise)
     ctx, model, x, y = context(s)
@@ -143,8 +143,8 @@ def test_class_release_is_the_clipped_sum_plus_noise_of_std_sigma_c(counts, nois
     assert ctx.privacy.accountant.history == [(0.5, s.multiplier, 1)]
 
 
-@pytest.mark.parametrize("noise", ["secret", "seeded"])
-@pytest.mark.parametrize("counts", ["noised", "public"])
+# counts: public with secret noise is refused (exact class sizes under zero-out: tests/test_channels.py)
+@pytest.mark.parametrize("noise, counts", [("secret", "noised"), ("seeded", "noised"), ("seeded", "public")])
 def test_codistill_r_is_the_noised_clipped_sum_over_its_count(counts, noise):
     """R = (clipped sum + N(0, (sigma C)^2)) / count: public, q n; noised, max(sample size + N(0,
     sigma^2), 1), the count's normal drawn after the sum's."""
@@ -320,7 +320,22 @@ def test_no_unclipped_or_unnoised_value_crosses_mpi(tmp_path):
     assert result.returncode == 0, f"driver failed:\n{result.stdout}\n{result.stderr}"
     for rank in range(2):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert set(report) == {
+            "codistill",
+            "codistill_logits",
+            "fedproto",
+            "feddistill",
+            "fedavg_dpsgd",
+            "fedamp_dpsgd",
+        }
         for label, found in report.items():
             assert found["buffers"] > 0, label
+            # zero-out adjacency: no exact class size (n_c; at q = 1 also the exact sample size) in a
+            # private payload, whatever the method
+            assert found["exact_sizes"] == 0, (label, found)
+            if label.endswith("_dpsgd"):
+                continue
             assert found["equal_to_exact"] == 0 and found["equal_to_clipped"] == 0, (label, found)
             assert found["control"], (label, found)
+            if label.startswith("fed"):  # the exact release's counts are the sizes: the search finds them
+                assert found["exact_sizes_control"] >= 2, (label, found)

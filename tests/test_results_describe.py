@@ -8,6 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
+from mpicd.channels import CHANNELS
 from mpicd.ledger import KINDS
 from mpicd.results import DIMENSIONS, Results, is_scale, layout
 from mpicd.verify import verify
@@ -67,10 +68,13 @@ def test_metrics_group_has_named_dims_and_coordinates(run_file):
         np.testing.assert_array_equal(ds["recall"].sel(**{"class": "benign"}).values, res.metrics["recall"][:, :, 1])
 
 
-def test_comm_group_has_kind_and_direction(run_file):
+def test_comm_group_has_kind_direction_and_channel(run_file):
     with open_group(run_file, "comm") as ds:
-        assert dict(ds.sizes) == {"round": ROUNDS, "client": CLIENTS, "kind": len(KINDS), "direction": 2}
+        sizes = {"round": ROUNDS, "client": CLIENTS, "kind": len(KINDS), "direction": 2, "channel": len(CHANNELS)}
+        assert dict(ds.sizes) == sizes
         assert tuple(ds["kind"].values.tolist()) == KINDS
+        assert tuple(ds["channel"].values.tolist()) == tuple(CHANNELS)
+        assert ds["channel_bytes"].dims == ("client", "channel", "direction")
         assert ds["direction"].values.tolist() == ["sent", "received"]
         assert ds["bytes_sent"].dims == ("round", "client", "kind")
         assert ds["teacher"].dims == ("round", "client") and ds["teacher"].attrs["units"] == "client index"

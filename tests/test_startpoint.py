@@ -367,6 +367,7 @@ def datasets(path: Path) -> dict[str, np.ndarray]:
 # and lost the traffic between its last checkpoint and the crash); and among the attributes its run
 # id, resumed_at, start-up seconds and the config as the first job wrote it (debug keys: operational).
 OUTSIDE = "comm/outside_rounds"
+CHANNELS = "comm/channel_bytes"  # the same, per channel: only the payload's are the uninterrupted run's
 OWN_ATTRS = {"run_id", "resumed_at", "startup_seconds", "config"}
 
 
@@ -374,11 +375,14 @@ def assert_same_as(path: Path, reference: Path) -> None:
     mine, theirs = datasets(path), datasets(reference)
     assert set(mine) == set(theirs)
     for name, values in theirs.items():
-        if is_timing(name) or name == OUTSIDE:
+        if is_timing(name) or name in (OUTSIDE, CHANNELS):
             continue
         assert values.dtype == mine[name].dtype and values.shape == mine[name].shape, name
         np.testing.assert_array_equal(mine[name], values, err_msg=name)  # NaN == NaN here
     assert (mine[OUTSIDE] >= theirs[OUTSIDE]).all(), (mine[OUTSIDE], theirs[OUTSIDE])
+    with h5py.File(reference, "r") as f:
+        payload = [n.decode() for n in f["comm/channel"][()]].index("payload")
+    np.testing.assert_array_equal(mine[CHANNELS][:, payload], theirs[CHANNELS][:, payload])
     with h5py.File(path, "r") as a, h5py.File(reference, "r") as b:
         assert set(a.attrs) == set(b.attrs)
         for key in set(b.attrs) - OWN_ATTRS:

@@ -23,6 +23,8 @@ import pytest
 import yaml
 
 from mpicd import cli
+from mpicd.channels import CHANNELS
+from mpicd.results import is_scale
 
 from conftest import DRIVERS, QUICKSTART, ROOT, mpi_env, mpicd_run, mpiexec
 
@@ -242,15 +244,17 @@ def test_a_skipped_round_may_not_send_more_than_declared(capsys, tmp_path, runs)
 
 def crashed_after(done: int):
     """Make the file look like a run that crashed with ``done`` rounds in it: every per-round row from
-    ``done`` on back to its fill value, and /comm/outside_rounds never written (-1)."""
+    ``done`` on back to its fill value, and /comm/outside_rounds and /comm/channel_bytes (written at
+    the end) never written (-1); the dimension scales as they were made."""
 
     def change(f):
         f.attrs.modify("completed_rounds", done)
         for group in ("metrics", "comm"):
             for name, dset in f[group].items():
-                if name != "outside_rounds":
+                if name not in ("outside_rounds", "channel_bytes") and not is_scale(dset):
                     dset[done:] = dset.fillvalue
         f["comm/outside_rounds"][...] = -1
+        f["comm/channel_bytes"][...] = -1
 
     return change
 
@@ -510,6 +514,96 @@ def test_a_complete_file_without_its_outside_bytes_is_named(capsys, tmp_path, ru
     assert_one_problem(capsys, path, r"a complete file without its bytes outside rounds \(/comm/outside_rounds is -1\)")
 
 
+# ------------------------------------------------------------------ bytes per channel (mpicd.channels)
+
+
+def channel_index(f, name: str) -> int:
+    return [n.decode() for n in f["comm/channel"][()]].index(name)
+
+
+def test_the_channels_hold_the_payload_in_rounds_and_the_rows_reach_only_the_writer(runs):
+    """By hand: FedAvg's payload channel carries its rounds' Allreduce and nothing else, on every
+    rank; the rows go to rank 0 alone (the others send theirs, receive none); the stop agreement is
+    one int64 per round, sent and received by every rank; every channel's class is its declared one."""
+    with h5py.File(runs["fedavg"], "r") as f:
+        names = [n.decode() for n in f["comm/channel"][()]]
+        values = f["comm/channel_bytes"][()]
+        classes = [c.decode() if isinstance(c, bytes) else c for c in f["comm/channel_bytes"].attrs["classes"]]
+    at = {n: i for i, n in enumerate(names)}
+    assert classes[at["payload"]] == classes[at["stop"]] == classes[at["layout"]] == "protocol"
+    assert classes[at["rows"]] == classes[at["progress"]] == classes[at["placement"]] == "instrumentation"
+    for rank in range(RANKS):
+        assert tuple(values[rank, at["payload"]]) == (ROUNDS * FEDAVG_BYTES, ROUNDS * FEDAVG_BYTES)
+        assert tuple(values[rank, at["stop"]]) == (8 * ROUNDS + 8, 8 * ROUNDS + 8)  # + the checkpoints' removal
+        assert values[rank, at["rows"], 0] > 0 and values[rank, at["progress"], 0] == 8 * 3 * ROUNDS
+        assert (values[rank, at["rows"], 1] > 0) == (rank == 0) and (values[rank, at["progress"], 1] > 0) == (rank == 0)
+        assert values[rank, at["diagnostics"]].tolist() == [0, 0]
+    assert values[0, at["progress"], 1] == 8 * 3 * ROUNDS * RANKS
+
+
+def test_rows_received_by_a_rank_that_is_not_the_writer_are_named(capsys, tmp_path, runs):
+    def change(f):
+        f["comm/channel_bytes"][1, channel_index(f, "rows"), 1] += 800
+        f["comm/outside_rounds"][1, 1] += 800  # the totals still add up: only the reach is wrong
+
+    path = broken(runs["codistill"], tmp_path, change)
+    assert_one_problem(capsys, path, r"channel 'rows' reaches only the writer, but rank\(s\) \[1\] received rows bytes")
+
+
+def test_payload_bytes_outside_the_rounds_are_named(capsys, tmp_path, runs):
+    def change(f):
+        f["comm/channel_bytes"][2, channel_index(f, "payload"), 0] += 16
+        f["comm/channel_bytes"][2, channel_index(f, "layout"), 0] -= 16  # the rank's total unchanged
+
+    path = broken(runs["fedavg"], tmp_path, change)
+    want = ROUNDS * FEDAVG_BYTES
+    assert_one_problem(
+        capsys,
+        path,
+        rf"rank 2: payload bytes sent \({want + 16}\) are not its bytes in rounds \({want}\): something else crossed "
+        r"MPI inside a round",
+    )
+
+
+def test_channels_that_do_not_add_up_to_the_ranks_bytes_are_named(capsys, tmp_path, runs):
+    def change(f):
+        f["comm/channel_bytes"][0, channel_index(f, "progress"), 1] -= 8
+
+    path = broken(runs["every"], tmp_path, change)
+    assert_one_problem(
+        capsys, path, r"rank 0: its channels' bytes recv \(\d+\) are not its bytes in rounds plus outside them .*"
+    )
+
+
+def test_a_channel_of_another_class_is_named(capsys, tmp_path, runs):
+    def change(f):
+        classes = [c.decode() if isinstance(c, bytes) else c for c in f["comm/channel_bytes"].attrs["classes"]]
+        classes[channel_index(f, "progress")] = "protocol"
+        f["comm/channel_bytes"].attrs["classes"] = np.array(classes, dtype=h5py.string_dtype())
+
+    path = broken(runs["codistill"], tmp_path, change)
+    assert_one_problem(
+        capsys, path, r"/comm/channel_bytes says channel 'progress' is protocol, but it is declared instrumentation"
+    )
+
+
+def test_a_complete_file_without_its_channel_bytes_is_named(capsys, tmp_path, runs):
+    def change(f):
+        f["comm/channel_bytes"][2, 0, 0] = -1
+
+    path = broken(runs["codistill"], tmp_path, change)
+    assert_one_problem(capsys, path, r"a complete file without its bytes per channel \(/comm/channel_bytes is -1\)")
+
+
+def test_a_file_older_than_channels_is_ok_with_a_note(capsys, tmp_path, runs):
+    def change(f):
+        del f["comm/channel_bytes"]
+
+    code, problems, notes, out = verdict(capsys, broken(runs["codistill"], tmp_path, change))
+    assert code == 0 and problems == [], out
+    assert "no /comm/channel_bytes (an older mpicd): bytes not checked per channel" in notes
+
+
 # ------------------------------------------------------------------ files that are not results
 
 
@@ -547,3 +641,18 @@ def test_one_bad_file_among_good_ones_fails_the_command(capsys, tmp_path, runs):
     code, problems, _, out = verdict(capsys, runs["fedavg"], bad, runs["every"])
     assert code == 1 and len(problems) == 1, out
     assert out.splitlines()[-1] == "2 of 3 files ok"
+
+
+def test_channels_lists_each_channel_with_its_class_and_bytes(capsys, runs):
+    """``mpicd verify --channels``: one line per channel of the file; FedAvg's payload line holds
+    the bytes derived by hand (every rank, every round: one Allreduce of the weighted parameters)."""
+    code = cli.main(["verify", "--channels", str(runs["fedavg"])])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = {line.split()[1]: line.split()[2:] for line in out.splitlines() if line.startswith("  channel: ")}
+    assert set(lines) == set(CHANNELS), out
+    total = RANKS * ROUNDS * FEDAVG_BYTES
+    assert lines["payload"] == ["protocol", "payload", "sent", f"{total:,d}", "received", f"{total:,d}"], out
+    assert lines["rows"][:2] == ["instrumentation", "instrumentation"] and lines["stop"][:2] == ["protocol", "control"]
+    assert lines["diagnostics"][2:] == ["sent", "0", "received", "0"], out
+    assert "  channel: " not in cli.main(["verify", str(runs["fedavg"])]) * "" + capsys.readouterr().out

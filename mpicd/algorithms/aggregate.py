@@ -147,11 +147,13 @@ def allreduce_over_clients(
     Allreduce (:meth:`mpicd.comm.Comm.allreduce_sum_clients`). ``reduction: exact``: integer sums,
     the same bits on every layout (:meth:`mpicd.comm.Comm.allreduce_sum_exact`)."""
     if reduction == "exact":
-        return ctx.comm.allreduce_sum_exact(contributions, template, ctx.size, per_client=not one_per_rank(ctx))
+        return ctx.comm.allreduce_sum_exact(
+            contributions, template, ctx.size, per_client=not one_per_rank(ctx), channel="payload"
+        )
     if one_per_rank(ctx):
         (only,) = contributions.values()
-        return ctx.comm.allreduce_sum(only)
-    return ctx.comm.allreduce_sum_clients(contributions, template)
+        return ctx.comm.allreduce_sum(only, channel="payload")
+    return ctx.comm.allreduce_sum_clients(contributions, template, channel="payload")
 
 
 def allreduce_payloads(members: list, round_index: int) -> np.ndarray:
@@ -178,5 +180,5 @@ def allgather_over_clients(ctx, blocks: dict[int, np.ndarray]) -> np.ndarray:
     Allgatherv of each rank's clients' blocks (:meth:`mpicd.comm.Comm.allgather_clients`)."""
     if one_per_rank(ctx):
         (only,) = blocks.values()
-        return ctx.comm.allgather(only)
-    return ctx.comm.allgather_clients(blocks, ctx.owner)
+        return ctx.comm.allgather(only, channel="payload")
+    return ctx.comm.allgather_clients(blocks, ctx.owner, channel="payload")

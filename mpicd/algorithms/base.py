@@ -140,6 +140,7 @@ class Payload:
     when: tuple[tuple[str, object], ...] = ()
     rank_sent: str = ""
     rank_recv: str = ""
+    dtypes: tuple[str, ...] = ("float32",)  # what its buffers may be (mpicd.channels: others are refused)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

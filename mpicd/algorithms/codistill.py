@@ -24,7 +24,8 @@ drawn per round; per minibatch it is -1.
 With ``privacy`` (mpicd/privacy, README "Privacy"; ``k: all``, ``teacher_per: round``, ``classes:
 expertise`` only) R is :meth:`private_means`: the images of the expertise class Poisson-sampled at
 ``privacy.sample_rate``, each one's eval-mode vector clipped to ``privacy.clip``, the sum noised
-(std sigma C), divided by the public expected count q n (``counts: public``) or the noised count;
+(std sigma C), divided by the noised count (the default), or by the expected count q n (``counts: public``,
+only where the run is marked not private: n, a class size, differs between zero-out neighbours);
 one release per round the client teaches, the same R for all its students. A teacher whose budget
 is spent sends nothing, as a dropped one.
 
@@ -343,6 +344,7 @@ class CoDistillation(Algorithm):
             sends,
             [(other, buffer) for other, _, buffer in recvs],
             tag=round_index % 32768,
+            channel="payload",
             allow_empty=True,
             **({} if one_per_rank(ctx) else {"clients": deployment}),
         )

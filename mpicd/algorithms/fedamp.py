@@ -112,7 +112,7 @@ def ring(comm, own: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
     buffers, outgoing = (np.empty_like(own), np.empty_like(own)), own
     for step in range(1, n):
         incoming = buffers[step % 2]
-        comm.exchange([((i + 1) % n, outgoing)], [((i - 1) % n, incoming)], tag=step)
+        comm.exchange([((i + 1) % n, outgoing)], [((i - 1) % n, incoming)], tag=step, channel="payload")
         yield (i - step) % n, incoming
         outgoing = incoming
 

@@ -57,6 +57,7 @@ class FedAvg(Algorithm):
             sent="8+8*(P+B+1)",
             recv="8+8*(P+B+1)",
             when=(("reduction", "exact"),),
+            dtypes=("float64", "int64"),
         ),
     )
 

@@ -78,6 +78,7 @@ class FedDistill(Algorithm):
             sent="8+8*C*(C+1)",
             recv="8+8*C*(C+1)",
             when=(("reduction", "exact"),),
+            dtypes=("float64", "int64"),
         ),
     )
     carried = ("targets", "has_teacher")

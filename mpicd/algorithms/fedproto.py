@@ -68,6 +68,7 @@ class FedProto(Algorithm):
             sent="4*C*(D+1)" if reduction == "mpi" else "8+8*C*(D+1)",
             recv="4*C*(D+1)" if reduction == "mpi" else "8+8*C*(D+1)",
             when=(("weighting", weighting), ("reduction", reduction)),
+            dtypes=("float32",) if reduction == "mpi" else ("float64", "int64"),
         )
         for weighting, what in (
             ("samples", "[per-class sums of its training-mode features ; per-class sample counts]"),

@@ -11,8 +11,11 @@ Opacus; DP-SGD (:mod:`.dpsgd`) is accounted here too, so all five methods are co
 (epsilon, delta) computed the same way. Opacus' own accountants are used only in the tests, as
 independent cross-checks.
 
-Neighbouring relation: add/remove one record (``NeighborRel.ADD_OR_REMOVE_ONE``), the one the
-mechanisms' sensitivity is stated under (see :mod:`mpicd.privacy`). One event = one release:
+Neighbouring relation: zero-out (one record replaced by a null record, :data:`mpicd.privacy.ADJACENCY`).
+Every release depends on the data only through clipped sums and counts to which the null record
+adds nothing, and on public constants, so a zero-out neighbour's release is distributed as the
+release without the record: its privacy loss is add/remove-one's (``NeighboringRelation.
+ADD_OR_REMOVE_ONE``, both directions), the PLD computed here (see :mod:`mpicd.privacy`). One event = one release:
 Poisson sampling at rate q, then a Gaussian mechanism with noise multiplier sigma (noise std /
 L2 sensitivity). q = 1 is the plain Gaussian; sigma = 0 has epsilon = infinity.
 

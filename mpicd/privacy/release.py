@@ -15,10 +15,11 @@ Why R divides by a public q n and is not a noised count: R is one mean, and a pu
 makes the release a post-processing of one noised sum, so the accountant sees exactly the
 Poisson-subsampled Gaussian with multiplier sigma (a noised count would cost a factor sqrt(2) in
 the multiplier, :func:`mpicd.privacy.gaussian.release_multiplier`). Dividing by the realised
-sample size instead would leak it (it moves by one with the canary). n, the number of images of
-the class the client holds, is treated as public, as DP-SGD treats the dataset size (Abadi et al.
-2016, lot size L = qN; Opacus' expected batch size); in mpicd it is public by construction, the
-partition being drawn from the run's seed. Why the per-class releases noise their counts by
+sample size instead would leak it (it moves by one with the canary). But n, the number of images
+of the class the client holds, is not public under the zero-out adjacency (mpicd.privacy.ADJACENCY:
+the null record has no class), unlike the client's dataset size that DP-SGD divides by (Abadi et
+al. 2016, lot size L = qN; Opacus' expected batch size): so ``privacy.counts: public`` (q n) is
+refused where a run claims privacy, and the default divides by the noised count. Why the per-class releases noise their counts by
 default: FedProto weights clients by them and FedDistill needs them to form means over clients,
 they differ per class and client, and a class with few images would be exposed by its exact
 count; ``noise_counts=False`` is for callers whose counts are public (then pass multiplier sigma).

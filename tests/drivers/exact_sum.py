@@ -33,7 +33,7 @@ with abort_on_exception(comm.mpi):
     for name, owner in layouts.items():
         mine = {c: vectors[c] for c in range(CLIENTS) if owner[c] == rank}
         comm.ledger.begin_round(tuple(sorted(mine)))
-        results[name] = comm.allreduce_sum_exact(mine, vectors[0], CLIENTS)
+        results[name] = comm.allreduce_sum_exact(mine, vectors[0], CLIENTS, channel="payload")
         row = comm.ledger.end_round()
         assert row.bytes_sent["allreduce"] == row.bytes_recv["allreduce"] == 8 + 8 * WIDTH, (name, row)
     first = results["round_robin"]

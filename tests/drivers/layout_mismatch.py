@@ -9,4 +9,4 @@ from mpicd.runtime import abort_on_exception
 
 comm = Comm()
 with abort_on_exception(MPI.COMM_WORLD, where=comm.where):
-    comm.allreduce_sum(np.ones(3 if comm.rank == 2 else 2, dtype=np.float32))
+    comm.allreduce_sum(np.ones(3 if comm.rank == 2 else 2, dtype=np.float32), channel="payload")

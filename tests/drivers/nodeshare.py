@@ -71,11 +71,11 @@ def check(overrides: list[str]) -> None:
                 assert perms[3] == "s" and inode != 0, (comm.rank, name, part, perms, inode)
                 inodes += [device, inode]
     # one segment per node: every rank maps the same file (this box is one node)
-    everyone = comm.allgather(np.array(inodes, dtype=np.int64))
+    everyone = comm.allgather(np.array(inodes, dtype=np.int64), channel="payload")
     assert (everyone == everyone[0]).all() and len(set(inodes[1::2])) == (comm.size > 1), everyone
     sent = comm.ledger.outside_rounds.bytes_sent["bcast"] - before[0]
     recv = comm.ledger.outside_rounds.bytes_recv["bcast"] - before[1]
-    counted = comm.allgather(np.array([sent, recv], dtype=np.int64))
+    counted = comm.allgather(np.array([sent, recv], dtype=np.int64), channel="payload")
     if comm.size > 1:  # alone on its node a rank keeps its own load: no window, nothing sent
         assert counted[0, 0] > 8 and counted[0, 1] == 0, counted  # rank 0 leads the node: it only sends
         assert (counted[1:, 0] == 0).all() and (counted[1:, 1] == counted[0, 0]).all(), counted

@@ -6,9 +6,11 @@ costs ~10 s on a small box). argv: OUT_DIR PNEUMONIA_NPZ.
 2. ``pixels``: the round loop (``mpicd.loop.run``, as ``mpicd run`` calls it) of the same variants for
    PIXEL_ROUNDS rounds with every image (train, val and test) repainted pixel by pixel from
    DISTINCTIVE, on a :class:`Comm` whose MPI communicator is a :class:`Recorder`: every buffer handed
-   to Isend, Irecv, Allreduce, Allgather or Bcast is kept and finally searched for the bytes of each
-   distinctive value as float32 and as float64, at any offset. Then the same for deliberately leaky
-   algorithms (LEAKS), which must be caught. Per rank: ``OUT/pixels_rank<r>.json``.
+   to Isend, Irecv, Allreduce, Allgather, Gather or Bcast is kept with the channel the Comm named for
+   it (mpicd.channels) and finally searched for the bytes of each distinctive value as float32 and as
+   float64, at any offset. Then the same for deliberately leaky algorithms (LEAKS), which must be
+   caught: found by the search, or refused by the comm layer before anything was sent (a dtype or
+   operation their payload channel does not declare). Per rank: ``OUT/pixels_rank<r>.json``.
 
 DISTINCTIVE lie in [128, 256) and are not integers: with 20 + 8 images per client no legitimate
 payload reaches that range (lenet features are tanh-bounded, so prototypes, logits and FedAvg's
@@ -25,9 +27,10 @@ from mpi4py import MPI
 from mpicd.algorithms import REGISTRY
 from mpicd.algorithms.codistill import CoDistillation
 from mpicd.algorithms.fedavg import FedAvg
-from mpicd.algorithms.local import LocalOnly
+from mpicd.algorithms.fedproto import FedProto
 from mpicd.cli import main
-from mpicd.comm import Comm
+from mpicd.channels import CHANNELS
+from mpicd.comm import Comm, ProtocolError
 from mpicd.config import inline, load_config
 from mpicd.ledger import KINDS
 from mpicd.loop import run
@@ -46,7 +49,8 @@ DISTINCTIVE = np.array(
     + [-128 * (1 + f) for f in (3**0.5 - 1, np.log(2), 0.1234567, 0.7654321)],
     dtype=np.float32,
 )
-RECORDED = {"Isend": "p2p", "Allreduce": "allreduce", "Allgather": "allgather", "Bcast": "bcast"}  # sends -> kind
+# sends -> ledger kind (a Gather to the writer counts under allgather's, mpicd.comm)
+RECORDED = {"Isend": "p2p", "Allreduce": "allreduce", "Allgather": "allgather", "Gather": "allgather", "Bcast": "bcast"}
 
 world = MPI.COMM_WORLD
 out = Path(sys.argv[1])
@@ -64,44 +68,54 @@ class Recorder(MPI.Intracomm):
     def __init__(self, comm: MPI.Intracomm):
         super().__init__()
         self.sent, self.received, self.other = [], [], set()
+        self.comm = None  # the mpicd Comm on top, once made: the channel of each buffer is its ``channel``
 
     def __getattribute__(self, name):
-        if not name.startswith("_") and name not in ("sent", "received", "other", *RECORDED, "Irecv"):
+        if not name.startswith("_") and name not in ("sent", "received", "other", "comm", *RECORDED, "Irecv"):
             object.__getattribute__(self, "other").add(name)
         return super().__getattribute__(name)
 
+    def _channel(self):
+        return None if self.comm is None else self.comm.channel
+
     def Isend(self, buf, dest, tag):
-        self.sent.append(("Isend", buf[0].copy()))
+        self.sent.append(("Isend", buf[0].copy(), self._channel()))
         return super().Isend(buf, dest=dest, tag=tag)
 
     def Irecv(self, buf, source, tag):
-        self.received.append(("Irecv", buf[0]))
+        self.received.append(("Irecv", buf[0], self._channel()))
         return super().Irecv(buf, source=source, tag=tag)
 
     def Allreduce(self, sendbuf, recvbuf, op):
-        self.sent.append(("Allreduce", sendbuf[0].copy()))
+        self.sent.append(("Allreduce", sendbuf[0].copy(), self._channel()))
         super().Allreduce(sendbuf, recvbuf, op=op)
-        self.received.append(("Allreduce", recvbuf[0].copy()))
+        self.received.append(("Allreduce", recvbuf[0].copy(), self._channel()))
 
     def Allgather(self, sendbuf, recvbuf):
-        self.sent.append(("Allgather", sendbuf[0].copy()))
+        self.sent.append(("Allgather", sendbuf[0].copy(), self._channel()))
         super().Allgather(sendbuf, recvbuf)
-        self.received.append(("Allgather", recvbuf[0].copy()))
+        self.received.append(("Allgather", recvbuf[0].copy(), self._channel()))
+
+    def Gather(self, sendbuf, recvbuf, root=0):
+        self.sent.append(("Gather", sendbuf[0].copy(), self._channel()))
+        super().Gather(sendbuf, recvbuf, root=root)
+        if recvbuf is not None:
+            self.received.append(("Gather", recvbuf[0].copy(), self._channel()))
 
     def Bcast(self, buf, root=0):
         root_here = super().Get_rank() == root
         if root_here:
-            self.sent.append(("Bcast", buf[0].copy()))
+            self.sent.append(("Bcast", buf[0].copy(), self._channel()))
         super().Bcast(buf, root=root)
         if not root_here:
-            self.received.append(("Bcast", buf[0].copy()))
+            self.received.append(("Bcast", buf[0].copy(), self._channel()))
 
 
 def findings(buffers: list, values: np.ndarray) -> list[str]:
     """Where a value's float32 or float64 bytes occur in a buffer (any offset, any dtype)."""
     patterns = [(float(v), dtype, np.array(v, dtype=dtype).tobytes()) for v in values for dtype in ("f4", "f8")]
     hits = []
-    for op, array in buffers:
+    for op, array, _ in buffers:
         raw = np.ascontiguousarray(array).tobytes()
         hits += [
             f"{op} {array.dtype}{array.shape} holds {value!r} as {dtype}"
@@ -112,13 +126,14 @@ def findings(buffers: list, values: np.ndarray) -> list[str]:
 
 
 class LeakImage(FedAvg):
-    """FedAvg that also Allgathers its first training image: must be caught."""
+    """FedAvg that also Allgathers its first training image on its payload channel: must be caught
+    (FedAvg's payload declares an Allreduce only)."""
 
     name = "leak_image"
 
     def after_epoch(self, round_index: int) -> None:
         super().after_epoch(round_index)
-        self.ctx.comm.allgather(np.ascontiguousarray(self.ctx.train_x[0].cpu().numpy().ravel()))
+        self.ctx.comm.allgather(np.ascontiguousarray(self.ctx.train_x[0].cpu().numpy().ravel()), channel="payload")
 
 
 class LeakPixelP2P(CoDistillation):
@@ -132,15 +147,18 @@ class LeakPixelP2P(CoDistillation):
         return means
 
 
-class LeakPixelFloat64(LocalOnly):
-    """Local training that Allreduces one pixel, widened to float64, among zeros: must be caught."""
+class LeakPixelFloat64(FedProto):
+    """FedProto that also Allreduces one pixel, widened to float64, among zeros, on its payload
+    channel: a protocol buffer of another dtype carrying a raw value, must be caught (FedProto's
+    payload declares float32)."""
 
     name = "leak_pixel_float64"
 
     def after_epoch(self, round_index: int) -> None:
+        super().after_epoch(round_index)
         vector = np.zeros(8)
         vector[3] = float(self.ctx.train_x[0].flatten()[200])
-        self.ctx.comm.allreduce_sum(vector)
+        self.ctx.comm.allreduce_sum(vector, channel="payload")
 
 
 LEAKS = {cls.name: f"{{name: {cls.name}}}" for cls in (LeakImage, LeakPixelP2P, LeakPixelFloat64)}
@@ -159,17 +177,33 @@ def pixels(label: str, algorithm: str, placement) -> dict:
     trained = plan.dataset.train.x[plan.partition.train_indices[world.Get_rank()]]
     assert np.isin(trained, DISTINCTIVE).all()
     recorder = Recorder(world)
-    comm = Comm(recorder)
+    comm = recorder.comm = Comm(recorder)
     rows, end_round = [], comm.ledger.end_round
     comm.ledger.end_round = lambda: rows.append(end_round()) or rows[-1]  # keep every round's row
-    run(plan, comm, placement, out / f"pixels_{label}.h5", log=lambda line: None)
+    try:
+        run(plan, comm, placement, out / f"pixels_{label}.h5", log=lambda line: None)
+    except ProtocolError as err:  # every rank refuses the same buffer, before sending it
+        return {"refused": str(err), "findings": findings(recorder.sent + recorder.received, DISTINCTIVE)}
     counted = {
         kind: comm.ledger.outside_rounds.bytes_sent[kind] + sum(row.bytes_sent[kind] for row in rows) for kind in KINDS
     }
     seen = dict.fromkeys(KINDS, 0)
-    for op, array in recorder.sent:
+    for op, array, _ in recorder.sent:
         seen[RECORDED[op]] += array.nbytes
+    audit = {}  # channel -> [class, buffers, bytes sent, dtypes]: every buffer that crossed, by channel
+    for _, array, channel in recorder.sent + recorder.received:
+        entry = audit.setdefault(
+            str(channel), [CHANNELS[channel].cls if channel in CHANNELS else "undeclared", 0, 0, []]
+        )
+        entry[1] += 1
+        if array.dtype.name not in entry[3]:
+            entry[3].append(array.dtype.name)
+    for _, array, channel in recorder.sent:
+        audit[str(channel)][2] += array.nbytes
     return {
+        "refused": None,
+        "audit": audit,
+        "ledger_channels": comm.ledger.channels,
         "findings": findings(recorder.sent + recorder.received, DISTINCTIVE),
         "buffers": len(recorder.sent) + len(recorder.received),
         "recorded_sent": seen,

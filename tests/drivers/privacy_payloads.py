@@ -8,6 +8,12 @@ exact releases (sigma 0, clip 0.05); the private run (sigma 1, clip 0.05). Round
 the same model in all four, so the algorithm's float32 payloads line up one to one. Per rank,
 ``OUT/rank<r>.json``: per algorithm, how many coordinates of the private payloads equal the
 exact or the clipped ones (must be 0), and the positive control (the exact run sent exact values).
+
+Exact sizes (issue 40, zero-out adjacency: a client's class sizes n_c differ between neighbours):
+for every method with a private path, DP-SGD's FedAvg and FedAMP included, ``exact_sizes`` counts
+the coordinates of its private run's payload buffers (the ``payload`` channel) equal to one of the
+client's class sizes n_c (q = 1: every image is in the sample, so n_c is also the exact sample
+size of class c); it must be 0. The exact run's count (``counts: public`` at sigma 0) is the control.
 """
 
 import json
@@ -31,14 +37,19 @@ class Recorder(MPI.Intracomm):
     def __init__(self, comm: MPI.Intracomm):
         super().__init__()
         self.sent = []
+        self.comm = None  # the mpicd Comm on top: its ``channel`` names each buffer's
 
     def Isend(self, buf, dest, tag):
-        self.sent.append(("Isend", buf[0].copy()))
+        self.sent.append(("Isend", buf[0].copy(), self.comm.channel))
         return super().Isend(buf, dest=dest, tag=tag)
 
     def Allreduce(self, sendbuf, recvbuf, op):
-        self.sent.append(("Allreduce", sendbuf[0].copy()))
+        self.sent.append(("Allreduce", sendbuf[0].copy(), self.comm.channel))
         super().Allreduce(sendbuf, recvbuf, op=op)
+
+    def Allgather(self, sendbuf, recvbuf):
+        self.sent.append(("Allgather", sendbuf[0].copy(), self.comm.channel))
+        super().Allgather(sendbuf, recvbuf)
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +61,10 @@ ALGORITHMS = {
     "codistill_logits": "{name: codistill, share: logits}",
     "fedproto": "{name: fedproto}",
     "feddistill": "{name: feddistill}",
+}
+DPSGD = {  # model sharing: DP-SGD on the local training (one mini-batch of the defaults' size per step)
+    "fedavg": "{name: fedavg}",
+    "fedamp": "{name: fedamp}",
 }
 PRIVACY = {
     "off": None,
@@ -65,9 +80,17 @@ def payloads(label: str, algorithm: str, privacy: str | None, placement):
         overrides.append(f"privacy={privacy}")
     plan = prepare(load_config(CONFIG, overrides))
     recorder = Recorder(world)
-    run(plan, Comm(recorder), placement, out / f"{label}.h5", log=lambda line: None)
-    sent = [a for op, a in recorder.sent if op in ("Isend", "Allreduce") and a.dtype == np.float32]
+    comm = recorder.comm = Comm(recorder)
+    run(plan, comm, placement, out / f"{label}.h5", log=lambda line: None)
+    sent = [a for op, a, channel in recorder.sent if channel == "payload"]
+    assert all(a.dtype == np.float32 for a in sent), label
     return sent, plan
+
+
+def exact_sizes(sent: list, plan) -> int:
+    """Coordinates of the payload buffers equal to one of this rank's client's class sizes n_c."""
+    sizes = plan.partition.train_counts[world.Get_rank()].astype(np.float32)
+    return int(sum(np.isin(a, sizes).sum() for a in sent))
 
 
 with abort_on_exception(world):
@@ -88,5 +111,12 @@ with abort_on_exception(world):
             counts = plan.partition.train_counts[world.Get_rank()]
             control = all(np.array_equal(a[-len(counts) :], counts) for a in exact)
         found["control"] = bool(control) and len(exact) > 0
+        found["exact_sizes"] = exact_sizes(private, runs["private"][1])
+        found["exact_sizes_control"] = exact_sizes(exact, plan)
         report[label] = found
+    for label, algorithm in DPSGD.items():
+        private, plan = payloads(
+            f"{label}_dpsgd", algorithm, "{noise_multiplier: 1, clip: 0.05, sample_rate: 1}", placement
+        )
+        report[f"{label}_dpsgd"] = {"buffers": len(private), "exact_sizes": exact_sizes(private, plan)}
     (out / f"rank{world.Get_rank()}.json").write_text(json.dumps(report))
