@@ -28,7 +28,8 @@ it (exit 2, naming ``--overwrite``) and the next attempt passes ``--overwrite`` 
 designed", counted). Any other refusal, an unexpected exit status, a job that does not end, or a
 process left behind is a failure. When an attempt completes, the file must equal the reference in
 every dataset but timings (``*_seconds``), placement and ``/comm/outside_rounds`` (each job's
-start-up traffic adds to it: checked to be at least the reference's), its attributes but run_id,
+start-up traffic adds to it: checked to be at least the reference's) and ``/comm/channel_bytes``
+(the same, per channel: only the payload channel's must equal the reference's), its attributes but run_id,
 resumed_at, startup_seconds and config (compared by config_hash, as debug.* keys may differ), and
 keep no checkpoint. Then a new cycle starts with a fresh output, until N kills have been made.
 
@@ -359,6 +360,11 @@ def compare_with_reference(path: Path, reference: Path) -> list[str]:
             if name == "comm/outside_rounds":  # start-up traffic of every job adds up
                 if x.shape != y.shape or (x < y).any():
                     problems.append(f"/{name} {x.tolist()} is below the reference's {y.tolist()}")
+                continue
+            if name == "comm/channel_bytes":  # the same per channel: only the payload's (in rounds) is the reference's
+                payload = [n.decode() for n in da["comm/channel"][()]].index("payload")
+                if x.shape != y.shape or not np.array_equal(x[:, payload], y[:, payload]):
+                    problems.append(f"/{name}: the payload channel's bytes differ from the reference")
                 continue
             same = x.shape == y.shape and (
                 np.array_equal(x, y, equal_nan=True) if x.dtype.kind == "f" else np.array_equal(x, y)

@@ -20,7 +20,8 @@ class SummingComm:
     def __init__(self, others):
         self.rank, self.size, self.others, self.sent = 0, 1 + len(others), others, None
 
-    def allreduce_sum(self, array):
+    def allreduce_sum(self, array, *, channel):
+        assert channel == "payload"
         self.sent = array.copy()
         return array + sum(self.others)
 

@@ -26,7 +26,8 @@ class EchoComm:
     def __init__(self, other=None):
         self.other, self.size = other, 1 if other is None else 2
 
-    def allreduce_sum(self, array):
+    def allreduce_sum(self, array, *, channel):
+        assert channel == "payload"
         return array.copy() if self.other is None else array + self.other
 
 

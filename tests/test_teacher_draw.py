@@ -68,7 +68,8 @@ class NoComm:
     def __init__(self, rank: int, size: int):
         self.rank, self.size = rank, size
 
-    def exchange(self, sends, recvs, tag, allow_empty=False):
+    def exchange(self, sends, recvs, tag, *, channel, allow_empty=False):
+        assert channel == "payload"
         return [True for _ in recvs]
 
 
