@@ -62,7 +62,8 @@ from mpicd.privacy.clip import clip_rows  # noqa: E402
 from mpicd.privacy.gaussian import release_multiplier  # noqa: E402
 from mpicd.privacy.streams import ATTACK  # noqa: E402
 
-TABLES = ("canary", "attack", "methods")
+TABLES = ("releases", "canary", "attack", "methods")
+README_BEGIN, README_END = "<!-- release audit: begin -->", "<!-- release audit: end -->"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,6 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", type=int, default=300, help="methods: the peer's images of each class")
     parser.add_argument("--fedavg-rounds", type=int, default=100, help="methods: FedAvg run length (the study's)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--release-trials", type=int, default=10000, help="releases: trials per neighbour")
+    parser.add_argument("--release-epsilon", type=float, default=2.0, help="releases: claimed epsilon of one release")
+    parser.add_argument("--rounds", type=int, default=10, help="releases: the composition's releases (rounds)")
+    parser.add_argument("--rounds-epsilon", type=float, default=4.0, help="releases: the composition's claimed epsilon")
+    parser.add_argument("--repeats", type=int, default=100, help="releases: audits of the half-sigma control")
+    parser.add_argument("--composition-repeats", type=int, default=50, help="releases: audits of its control")
+    parser.add_argument("--write-readme", action="store_true", help="releases: put the table in README.md")
     args = parser.parse_args(argv)
     start = time.time()
 
@@ -106,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         for eps in args.epsilons
     }
     results = {"args": vars(args)}
+    if "releases" in args.tables:
+        results["releases"] = releases_table(
+            args, ds, train_features, logits[: len(ds.train.x)], test_features, logits[len(ds.train.x) :]
+        )
     if "canary" in args.tables:
         results["audit"] = canary_table(args, pool, test_features, sigmas)
     if "attack" in args.tables:
@@ -117,6 +129,114 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(results, default=str))
     return 0
+
+
+def release_settings(args, epsilon: float, rounds: int):
+    """The privacy settings a run of --config resolves for ``privacy: {epsilon: epsilon}`` over
+    ``rounds`` rounds (mpicd.privacy.budget.settings: sigma derived, counts noised, secret noise)."""
+    from mpicd.privacy.budget import settings
+
+    cfg = load_config(args.config, [f"rounds={rounds}", "privacy=" + json.dumps(
+        {"epsilon": epsilon, "delta": args.delta, "clip": args.clip})])  # fmt: skip
+    return settings(cfg.privacy, rounds)
+
+
+def releases_table(args, ds, features, logits, test_features, test_logits) -> list[dict]:
+    """Table 0: the canary audit of every private release through the run's code
+    (mpicd.release_audit, mpicd.privacy.tradeoff), its composition and the half-sigma controls."""
+    from dataclasses import replace
+
+    from mpicd import release_audit
+    from mpicd.privacy import dpsgd, tradeoff
+
+    index = np.concatenate([np.flatnonzero(ds.train.y == c)[: args.members] for c in range(ds.num_classes)])
+    labels = ds.train.y[index]
+    one = release_settings(args, args.release_epsilon, 1)
+    many = release_settings(args, args.rounds_epsilon, args.rounds)
+    n = 4 * 32 - 1  # DP-SGD: D of 127 images and the canary's slot, batches of 32: q = 1/4, 4 steps
+    q, steps = dpsgd.schedule(n + 1, 32)
+    dp = replace(
+        one, sigma=accountant.noise_multiplier(args.release_epsilon, args.delta, q, steps), noised_counts=False
+    )
+    pick = np.flatnonzero(np.isin(np.arange(len(ds.train.y)), index, invert=True))[:n]
+
+    def scores(kind, settings, trials, rounds=1, seed=args.seed, scale=1.0):
+        if kind == "dpsgd":
+            return release_audit.dpsgd_scores(ds.train.x[pick], ds.train.y[pick], settings=settings, batch_size=32,
+                                              trials=trials, seed=seed, noise_scale=scale)  # fmt: skip
+        reads_logits = kind in ("codistill-logits", "feddistill")
+        vectors, toward = (logits, test_logits[0]) if reads_logits else (features, test_features[0])
+        return release_audit.representation_scores(
+            kind, vectors[index], labels, canary_class=0, towards=toward, settings=settings, trials=trials,
+            rounds=rounds, seed=seed, noise_scale=scale,
+        )  # fmt: skip
+
+    plan = [(kind, kind, one, 1, 1.0, 0) for kind in release_audit.KINDS if kind != "dpsgd"]
+    plan += [("dpsgd", "dpsgd", dp, 1, 1.0, 0)]
+    plan += [("composition", "codistill", many, args.rounds, 1.0, 0)]
+    plan += [("control: half sigma", "codistill", one, 1, 0.5, args.repeats)]
+    plan += [("control: composition at half sigma", "codistill", many, args.rounds, 0.5, args.composition_repeats)]
+    plan += [("control: DP-SGD at half sigma", "dpsgd", dp, 1, 0.5, 0)]
+    rows = []
+    for label, kind, settings, rounds, scale, repeats in plan:
+        began = time.time()
+        first = scores(kind, settings, args.release_trials, rounds, scale=scale)
+        result = release_audit.audit(first, args.delta)
+        region, flagged = tradeoff.Region(first.claim), [result.verdict.flagged]
+        for r in range(1, repeats):  # the control's power: independent audits, seeds args.seed + r
+            again = scores(kind, settings, args.release_trials, rounds, seed=args.seed + r, scale=scale)
+            flagged.append(release_audit.audit(again, args.delta, family=False, region=region).verdict.flagged)
+            print(f"  {label}: audit {r + 1} of {repeats}, {sum(flagged)} flagged, {time.time() - began:.0f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        v = result.verdict
+        power = audit.clopper_pearson(sum(flagged), len(flagged)) if repeats else None
+        rows.append(dict(
+            row=label, kind=kind, description=release_audit.DESCRIPTIONS[kind], rounds=rounds, scale=scale,
+            claim=[list(entry) for entry in first.claim], accounted=result.accounted, trials=args.release_trials,
+            tpr=v.tpr, fpr=v.fpr, tpr_lower=v.tpr_lower, fpr_upper=v.fpr_upper, allowed_tpr=v.allowed_tpr,
+            flagged=v.flagged, family=result.family, repeats=len(flagged), flagged_count=int(sum(flagged)),
+            power=power, seconds=time.time() - began,
+        ))  # fmt: skip
+        print(
+            f"{label}: flagged {v.flagged}, family eps {result.family:.2f}, accounted {result.accounted:.2f}, "
+            f"{sum(flagged)} of {len(flagged)} flagged, {time.time() - began:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    text = release_markdown(args, rows)
+    print("\n" + text)
+    if args.write_readme:
+        readme = ROOT / "README.md"
+        head, rest = readme.read_text().split(README_BEGIN, 1)
+        _, tail = rest.split(README_END, 1)
+        readme.write_text(f"{head}{README_BEGIN}\n{text}\n{README_END}{tail}")
+    return rows
+
+
+def release_markdown(args, rows: list[dict]) -> str:
+    """The README's audit table (``--write-readme`` puts it between the markers)."""
+    lines = [
+        f"Command: `.venv/bin/python jobs/privacy_audit.py --tables releases --write-readme` (seed {args.seed}, "
+        f"{args.release_trials} trials per neighbour, the threshold from the first half, the rates from the "
+        f"second; C = {args.clip}, delta = {args.delta}; {sum(r['seconds'] for r in rows):.0f} s on this machine).",
+        "",
+        "| release | releases per trial | noise | claim (q, multiplier, count) | accounted eps | TPR / FPR "
+        "| TPR lower bound / the claim's largest TPR at the FPR upper bound | flagged | eps of the least noise "
+        "refuted | flagged in repeated audits (95% CI) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        claim = "; ".join(f"({q:g}, {m:.3f}, {c})" for q, m, c in r["claim"])
+        power = "" if not r["power"] else (
+            f"{r['flagged_count']} of {r['repeats']}: {r['flagged_count'] / r['repeats']:.2f} "
+            f"[{r['power'][0]:.3f}, {r['power'][1]:.3f}]")  # fmt: skip
+        noise = "as claimed" if r["scale"] == 1.0 else f"{r['scale']:g} x the claimed sigma"
+        lines.append(
+            f"| {r['row']}: {r['description']} | {r['rounds']} | {noise} | {claim} | {r['accounted']:.2f} "
+            f"| {r['tpr']:.3f} / {r['fpr']:.3f} | {r['tpr_lower']:.3f} / {r['allowed_tpr']:.3f} "
+            f"| {'**yes**' if r['flagged'] else 'no'} | {r['family']:.2f} | {power} |"
+        )
+    return "\n".join(lines)
 
 
 def canary_table(args, pool: np.ndarray, test_features: np.ndarray, sigmas: dict) -> list[dict]:

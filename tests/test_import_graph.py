@@ -31,7 +31,8 @@ LAYERS = (
     ("the data", ("mpicd.data", "mpicd.nodeshare")),
     ("an experiment: plan, client, results file", ("mpicd.plan", "mpicd.check", "mpicd.client", "mpicd.results",
      "mpicd.startpoint")),
-    ("a run and what reads runs", ("mpicd.loop", "mpicd.runner", "mpicd.sweep", "mpicd.verify", "mpicd.report")),
+    ("a run and what reads runs", ("mpicd.loop", "mpicd.runner", "mpicd.sweep", "mpicd.verify", "mpicd.report",
+                                   "mpicd.release_audit")),
     ("commands built on runs", ("mpicd.pack", "mpicd.bench")),
     ("the command line", ("mpicd.cli", "mpicd.__main__")),
 )  # fmt: skip

@@ -125,9 +125,20 @@ def _release_pld(q: float, sigma: float):
 @functools.lru_cache(maxsize=4096)
 def _composed_epsilon(history: tuple[tuple[float, float, int], ...], delta: float) -> float:
     """``PLDAccountant``'s epsilon of ``history`` (every sigma > 0), composed the way it composes."""
+    return float(privacy_loss(history).get_epsilon_for_delta(delta))
+
+
+def privacy_loss(history) -> object:
+    """The privacy loss distribution (dp-accounting's ``PrivacyLossDistribution``) of ``history``,
+    entries (q, sigma, count) with every sigma > 0, composed as ``PLDAccountant`` composes them: its
+    ``get_delta_for_epsilon`` is the accountant's whole privacy profile, which the audit
+    (:mod:`.tradeoff`) tests measured rates against."""
     from dp_accounting.pld import privacy_loss_distribution
     from dp_accounting.privacy_accountant import NeighboringRelation
 
+    history = tuple((check_rate(q), check_multiplier(sigma), int(count)) for q, sigma, count in history)
+    if any(sigma == 0.0 for _, sigma, _ in history):
+        raise ValueError("privacy: a release with sigma = 0 has no finite privacy loss")
     composed = privacy_loss_distribution.identity(value_discretization_interval=DISCRETISATION)
     for q, sigma, count in history:
         if q == 1.0:  # GaussianDpEvent: PLDAccountant scales the noise instead of self-composing
@@ -139,7 +150,7 @@ def _composed_epsilon(history: tuple[tuple[float, float, int], ...], delta: floa
         else:
             step = _release_pld(q, sigma).self_compose(count)
         composed = composed.compose(step)
-    return float(composed.get_epsilon_for_delta(delta))
+    return composed
 
 
 def epsilon(q: float, sigma: float, releases: int, delta: float) -> float:
