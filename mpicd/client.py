@@ -16,8 +16,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import diagnostics, metrics, optim, seeds
+from . import diagnostics, evaluation, optim, seeds
 from .algorithms import Batch, Context
+from .evaluation import Scores
 from .models import build_model
 from .plan import Plan
 from .privacy.budget import Budget
@@ -30,16 +31,6 @@ class EpochLoss:
     total: float
     ce: float
     extra: float
-
-
-@dataclass(frozen=True)
-class Scores:
-    """Metrics of one client's model on one evaluation split."""
-
-    recall: np.ndarray  # (classes,)
-    acc: float
-    balanced_acc: float
-    minority_acc: float
 
 
 class NonFiniteLoss(ArithmeticError):
@@ -292,22 +283,39 @@ class Client:
     def evaluate(self, split: str = "test") -> Scores:
         """Metrics on a held-out split (``test`` or ``val``), predicting as the algorithm says; ``train``:
         on the images this rank trains on (eval.train_split, a memorisation audit; no random stream drawn)."""
-        self.model.eval()
-        x, y = (self.train_x, self.train_y.cpu().numpy()) if split == "train" else self.eval_sets[split]
-        batch = self.plan.config.train.eval_batch_size
-        with torch.no_grad():  # one device-to-host copy per split, not one per batch
-            predictions = (
-                torch.cat([self.algorithm.predict(x[i : i + batch]).argmax(dim=1) for i in range(0, len(x), batch)])
-                .cpu()
-                .numpy()
-            )
-        recall = metrics.per_class_recall(y, predictions, self.plan.dataset.num_classes)
-        return Scores(
-            recall=recall,
-            acc=metrics.accuracy(y, predictions),
-            balanced_acc=metrics.balanced_accuracy(recall),
-            minority_acc=metrics.minority_accuracy(recall, self.expertise_class),
-        )
+        return self.scores(split, self.predictions(split))
+
+    def split(self, split: str) -> tuple[torch.Tensor, np.ndarray]:
+        """An evaluation split's images (on the device) and labels: ``test``, ``val`` or ``train``."""
+        return (self.train_x, self.train_y.cpu().numpy()) if split == "train" else self.eval_sets[split]
+
+    def predictions(self, split: str) -> np.ndarray:
+        """The class this client's algorithm predicts for each image of the split."""
+        return evaluation.predicted_labels(self.algorithm, self.split(split)[0], self.plan.config.train.eval_batch_size)
+
+    def scores(self, split: str, predictions: np.ndarray) -> Scores:
+        """This client's scores from predictions on the split (its own or a client's with the same model)."""
+        return evaluation.scores(self.split(split)[1], predictions, self.plan.dataset.num_classes, self.expertise_class)
+
+
+def evaluate_clients(clients: list[Client], splits: tuple[str, ...], once: bool = True):
+    """Every client a rank holds on the held-out ``splits`` (``test``, ``val``), each distinct
+    predictor once (:mod:`mpicd.evaluation`; ``once`` False: each client's own). Returns
+    ({client: {split: Scores}}, {client: seconds}); a group's prediction seconds are shared evenly
+    among its clients, each client's scoring is its own."""
+    found = {c.index: {} for c in clients}
+    seconds = dict.fromkeys(found, 0.0)
+    for group in evaluation.predictor_groups([c.algorithm for c in clients], once):
+        for split in splits:
+            start = time.perf_counter()
+            predictions = clients[group[0]].predictions(split)
+            share = (time.perf_counter() - start) / len(group)
+            for i in group:
+                start = time.perf_counter()
+                clients[i].model.eval()  # as its own evaluation would leave it
+                found[clients[i].index][split] = clients[i].scores(split, predictions)
+                seconds[clients[i].index] += share + time.perf_counter() - start
+    return found, seconds
 
 
 def train_clients(clients: list[Client], round_index: int, fault=None, guards=None):

@@ -189,6 +189,13 @@ class EvalConfig:
         "union) in the same rounds, into /metrics/train_acc, train_balanced_acc, train_minority_acc, "
         "train_recall (NaN when false); changes nothing that is trained",
     )
+    shared_models: Literal["once", "per_client"] = spec(
+        "once",
+        doc="once: the clients of a rank whose algorithm ends the round with one model for all (fedavg) and whose "
+        "models are equal bit for bit are evaluated once, each client scored from the same predictions (the "
+        "same numbers, far less time with clients packed on ranks); per_client: every client's model evaluated "
+        "itself, as a cross-check or a baseline to time",
+    )
     diagnostics: bool = spec(
         False,
         doc="an audit of the mechanism: per round and client, /diag/term_grad_share (the extra term's share of "

@@ -435,7 +435,7 @@ def _rounds(
     guards: dict[int, NonFiniteGuard],
     run_id: str,
 ) -> Outcome:
-    from .client import train_clients
+    from .client import evaluate_clients, train_clients
     from .participation import participants
     from .results import RoundRow, flush_interval
 
@@ -465,18 +465,18 @@ def _rounds(
         else:
             losses = {first.index: first.train_round(r, fault, guards[first.index])}
         trained = time.perf_counter()
-        scores, eval_seconds = {}, {}
-        for c in clients:
-            test = val = own = None  # not evaluated this round (eval.every): NaN metrics in the file
-            began_eval = time.perf_counter()
-            if (r + 1) % cfg.eval.every == 0 or r + 1 == cfg.rounds:
-                watchdog.phase = "evaluating"
-                test = c.evaluate("test")
-                one_class[c.index].append(bool(degenerate.one_hot(test.recall)))
-                val = c.evaluate("val") if "val" in c.eval_sets else None
+        scores = {c.index: (None, None, None) for c in clients}  # not evaluated (eval.every): NaN metrics
+        eval_seconds = dict.fromkeys(scores, 0.0)
+        if (r + 1) % cfg.eval.every == 0 or r + 1 == cfg.rounds:
+            watchdog.phase = "evaluating"
+            held_out = ("test", "val") if "val" in first.eval_sets else ("test",)
+            found, eval_seconds = evaluate_clients(clients, held_out, once=cfg.eval.shared_models == "once")
+            for c in clients:
+                began_eval = time.perf_counter()
                 own = c.evaluate("train") if cfg.eval.train_split else None  # audit: its own training images
-            scores[c.index] = (test, val, own)
-            eval_seconds[c.index] = time.perf_counter() - began_eval
+                eval_seconds[c.index] += time.perf_counter() - began_eval
+                scores[c.index] = (found[c.index]["test"], found[c.index].get("val"), own)
+                one_class[c.index].append(bool(degenerate.one_hot(found[c.index]["test"].recall)))
         traffic = ledger.end_round()
         finished = time.perf_counter()
         elapsed = finished - started

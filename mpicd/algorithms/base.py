@@ -171,6 +171,10 @@ class Algorithm:
     carried: ClassVar[tuple[str, ...]] = ()  # attributes that carry state from one round to the next
     payloads: ClassVar[tuple[Payload, ...]] = ()  # what leaves a rank each round, per option; none: nothing
     dpsgd: ClassVar[bool] = False  # True: with privacy, the local training is DP-SGD (it shares models)
+    # True: every client ends a round holding the same predictor (FedAvg's global model), so a rank's
+    # clients whose predictor_tensors are equal bit for bit are evaluated once (mpicd.evaluation).
+    # False (personalised models): every client is evaluated itself, whatever its tensors.
+    shared_at_evaluation: ClassVar[bool] = False
 
     def state_dict(self) -> dict:
         """What a checkpoint must hold for the next round to equal an uninterrupted run's."""
@@ -273,6 +277,18 @@ class Algorithm:
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Logits used for evaluation."""
         return self.ctx.model(x)
+
+    def predictor_tensors(self) -> list[torch.Tensor]:
+        """Every tensor :meth:`predict` reads in eval mode: the model's parameters and buffers, but
+        BatchNorm's ``num_batches_tracked`` (a step counter read only in training with momentum None,
+        which no mpicd model uses). An algorithm whose predict reads more state adds it here."""
+        model = self.ctx.model
+        counters = {
+            f"{name}.num_batches_tracked" if name else "num_batches_tracked"
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+        }
+        return [*model.parameters(), *(b for name, b in model.named_buffers() if name not in counters)]
 
     def teacher(self) -> int:
         """The client this rank learned from in the current round, -1 if none."""

@@ -62,6 +62,7 @@ class FedAvg(Algorithm):
     )
 
     dpsgd = True  # privacy: DP-SGD local training (mpicd.client), the average post-processing of it
+    shared_at_evaluation = True  # every client ends the round with the average (mpicd.evaluation)
 
     @classmethod
     def check_private(cls, params) -> None:
