@@ -302,18 +302,22 @@ def evaluate_clients(clients: list[Client], splits: tuple[str, ...], once: bool 
     """Every client a rank holds on the held-out ``splits`` (``test``, ``val``), each distinct
     predictor once (:mod:`mpicd.evaluation`; ``once`` False: each client's own). Returns
     ({client: {split: Scores}}, {client: seconds}); a group's prediction seconds are shared evenly
-    among its clients, each client's scoring is its own."""
+    among its clients, each client's scoring is its own. The clients of a group other than the
+    first stay in training mode (nothing reads it before their next epoch sets it again)."""
     found = {c.index: {} for c in clients}
     seconds = dict.fromkeys(found, 0.0)
-    for group in evaluation.predictor_groups([c.algorithm for c in clients], once):
+    start = time.perf_counter()
+    groups = evaluation.predictor_groups([c.algorithm for c in clients], once)
+    for index in seconds:  # comparing the predictors: the rank's, shared evenly
+        seconds[index] += (time.perf_counter() - start) / len(clients)
+    for group in groups:
         for split in splits:
             start = time.perf_counter()
-            predictions = clients[group[0]].predictions(split)
+            first = clients[group[0]].scores(split, clients[group[0]].predictions(split))
             share = (time.perf_counter() - start) / len(group)
-            for i in group:
+            for i in group:  # the same predictions and labels: only the minority classes differ
                 start = time.perf_counter()
-                clients[i].model.eval()  # as its own evaluation would leave it
-                found[clients[i].index][split] = clients[i].scores(split, predictions)
+                found[clients[i].index][split] = evaluation.for_expertise(first, clients[i].expertise_class)
                 seconds[clients[i].index] += share + time.perf_counter() - start
     return found, seconds
 

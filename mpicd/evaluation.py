@@ -53,33 +53,47 @@ def scores(labels: np.ndarray, predictions: np.ndarray, num_classes: int, expert
     )
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes: equal only when every element is the same bit pattern (-0.0 is not 0.0,
-    and a NaN equals the same NaN), which is what makes two forward passes give the same output."""
-    return t.detach().reshape(-1).contiguous().view(torch.uint8)
+def for_expertise(scores: Scores, expertise_class: int) -> Scores:
+    """The scores of another client with the same predictions on the same split: recall, accuracy and
+    balanced accuracy are the same; the minority accuracy is of its own expertise class's complement."""
+    return Scores(
+        recall=scores.recall.copy(),
+        acc=scores.acc,
+        balanced_acc=scores.balanced_acc,
+        minority_acc=metrics.minority_accuracy(scores.recall, expertise_class),
+    )
+
+
+def _bits(tensors: list[torch.Tensor]) -> tuple[tuple, list[torch.Tensor]]:
+    """The tensors' shapes, dtypes and devices, and each one's bytes (a view, no copy): equal only
+    when every element is the same bit pattern (-0.0 is not 0.0, and a NaN equals the same NaN),
+    which is what makes two forward passes give the same output."""
+    layout = tuple((t.shape, t.dtype, t.device) for t in tensors)
+    return layout, [t.detach().reshape(-1).contiguous().view(torch.uint8) for t in tensors]
+
+
+def _equal(a: tuple, b: tuple) -> bool:
+    return a[0] == b[0] and all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
 
 
 def same_tensors(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     """Whether two predictors' tensors are equal bit for bit (same count, shapes, dtypes and bytes)."""
-    return len(a) == len(b) and all(
-        x.shape == y.shape and x.dtype == y.dtype and x.device == y.device and torch.equal(_bits(x), _bits(y))
-        for x, y in zip(a, b)
-    )
+    return _equal(_bits(a), _bits(b))
 
 
 def predictor_groups(algorithms: list, once: bool = True) -> list[list[int]]:
     """Positions in ``algorithms`` (one rank's clients, in order) grouped by the predictor they hold.
 
-    A client joins the first group whose first member's tensors equal its own, both of an algorithm
-    that declares ``shared_at_evaluation``; any other client is a group of one. ``once`` False: every
-    client a group of its own (``eval.shared_models: per_client``).
+    A client joins the first group whose first member's tensors equal its own bit for bit, both of
+    an algorithm that declares ``shared_at_evaluation``; any other client is a group of one.
+    ``once`` False: every client a group of its own (``eval.shared_models: per_client``).
     """
     groups: list[list[int]] = []
-    held: list[list[torch.Tensor] | None] = []  # each group's first member's tensors (None: never shared)
+    held: list[tuple | None] = []  # each group's first member's bits (None: never shared)
     for i, algorithm in enumerate(algorithms):
-        mine = algorithm.predictor_tensors() if once and type(algorithm).shared_at_evaluation else None
+        mine = _bits(algorithm.predictor_tensors()) if once and type(algorithm).shared_at_evaluation else None
         for group, theirs in zip(groups, held):
-            if mine is not None and theirs is not None and same_tensors(mine, theirs):
+            if mine is not None and theirs is not None and _equal(mine, theirs):
                 group.append(i)
                 break
         else:

@@ -178,3 +178,56 @@ def test_busiest_teacher_is_the_largest_student_count():
 def test_bad_options_exit_2_naming_the_option(args, named):
     result = mpicd_cli("bench", *args)
     assert result.returncode == 2 and named in result.stderr, result.stderr
+
+
+# ----------------------------------------------------------------- clients per rank: evaluated once
+
+
+def test_before_after_pairs_runs_with_the_pure_compute_and_ratios_by_hand():
+    from mpicd.bench.clients import before_after, render
+
+    def run(evaluated, round_seconds, wall):
+        return {"algorithm": "fedavg", "clients": 8, "ranks": 2, "evaluated": evaluated, "wall_seconds": wall,
+                "round_seconds": round_seconds, "startup_seconds": 1.0, "seconds_per_round": round_seconds,
+                "pure_compute_per_round": 0.1, "memory_pss_bytes": 2**30}  # fmt: skip
+
+    rows = [
+        run("per_client", 2.0, 50.0),
+        run("once", 0.5, 12.5),
+        {"algorithm": "fedavg", "clients": 8, "ranks": 2, "evaluated": "alone", "pure_round_seconds": 0.4},
+        run("once", 9.0, 99.0) | {"ranks": 8},  # one rank per client: no pair
+        {"algorithm": "codistill", "clients": 8, "ranks": 2, "evaluated": "once", "error": "out of memory"},
+    ]
+    (pair,) = before_after(rows)
+    assert (pair["algorithm"], pair["clients"], pair["ranks"]) == ("fedavg", 8, 2)
+    assert pair["speedup_round"] == pytest.approx(4.0)  # 2.0 / 0.5
+    assert pair["after_over_pure"] == pytest.approx(1.25)  # 0.5 / 0.4
+    assert pair["before_over_pure"] == pytest.approx(5.0)
+    assert pair["speedup_wall"] == pytest.approx(4.0)  # 50 / 12.5
+    text = render(None, rows)
+    assert "| fedavg | 8 | 2 | 2.000 | 0.500 | 4.00 | 0.400 | 1.25 | 5.00 | 50.0 | 12.5 | 4.00 |" in text
+    assert "failed: out of memory" in text
+
+
+def test_the_clients_sweep_runs_both_evaluations_and_times_what_differs(tmp_path):
+    """4 quick-start clients on 2 ranks: each algorithm evaluated per client and once, and the pure
+    compute alone counts one distinct model per rank for fedavg, every client's for codistill."""
+    out = tmp_path / "clients.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "mpicd.bench.clients", "--config", str(ROOT / "configs" / "quickstart.yaml"),
+         "--clients", "4", "--rounds", "2", "--one-per-client-up-to", "0", "--json", str(out)],
+        cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    rows = json.loads(out.read_text())["sweep"]
+    assert [(r["algorithm"], r["evaluated"]) for r in rows] == [
+        ("fedavg", "per_client"), ("fedavg", "once"), ("fedavg", "alone"),
+        ("codistill", "per_client"), ("codistill", "once"), ("codistill", "alone"),
+    ]  # fmt: skip
+    alone = {r["algorithm"]: r for r in rows if r["evaluated"] == "alone"}
+    assert alone["fedavg"]["distinct_models"] == 2 and alone["codistill"]["distinct_models"] == 4
+    for r in rows:
+        assert "error" not in r, r
+        seconds = r["pure_round_seconds"] if r["evaluated"] == "alone" else r["round_seconds"]
+        assert math.isfinite(seconds) and seconds > 0
+    assert done.stdout.count("| fedavg | 4 | 2 |") == 3  # two runs and their pair

@@ -13,6 +13,10 @@ Two measurements (``mpicd bench --clients-per-rank``, or ``python -m mpicd.bench
   after the first of the slowest rank's round), the job's memory (summed PSS of its processes,
   sampled every 0.2 s, the peak), and the pure compute: each client's train and eval seconds
   summed over the clients, divided by the cores.
+* :func:`evaluated_once`: the same packed jobs with every client's model evaluated itself
+  (``eval.shared_models: per_client``, how mpicd evaluated before) and each distinct model once
+  (``once``, the default), alternating, against the pure compute of what differs, timed alone
+  (:func:`alone`): each client's local epochs and each distinct model's evaluation, no MPI, no loop.
 """
 
 from __future__ import annotations
@@ -225,7 +229,9 @@ def _launch(n: int, argv: list[str], timeout: float) -> dict:
 
 def one_run(config: str, overrides: list[str], algorithm: str, clients: int, ranks: int, rounds: int, out: Path,
             timeout: float) -> dict:  # fmt: skip
-    """One ``mpicd run`` of ``clients`` clients on ``ranks`` ranks: the sweep's figures for it."""
+    """One ``mpicd run`` of ``clients`` clients on ``ranks`` ranks: the sweep's figures for it.
+    ``round_seconds``: the median over rounds after the first of the time between two progress
+    lines (rank 0 prints one after each round's row is written): a round as the user waits for it."""
     import yaml
 
     from ..results import Results
@@ -234,6 +240,7 @@ def one_run(config: str, overrides: list[str], algorithm: str, clients: int, ran
             f"rounds={rounds}", f"algorithm={{name: {algorithm}}}", "checkpoint.every=0", "--out", str(out)]  # fmt: skip
     job = _launch(ranks, argv, timeout)
     first = next((t for t, text in job["lines"] if re.match(r"round\s+1/", text)), None)
+    stamps = [t for t, text in job["lines"] if re.match(r"round\s+\d+/", text)]
     res = Results(out)
     m = res.metrics
     owner = np.asarray(res.attrs["client_rank"])
@@ -256,6 +263,7 @@ def one_run(config: str, overrides: list[str], algorithm: str, clients: int, ran
         "startup_seconds": (first - job["launched"] - round_one) if first else float("nan"),
         "startup_recorded": recorded,
         "seconds_per_round": float(np.median(later.max(axis=1))),
+        "round_seconds": float(np.median(np.diff(stamps))) if len(stamps) > 1 else float("nan"),
         "pure_compute_per_round": float(np.median(compute.sum(axis=1))) / cores,
         "memory_pss_bytes": job["pss_peak"],
     }
@@ -264,26 +272,144 @@ def one_run(config: str, overrides: list[str], algorithm: str, clients: int, ran
 def sweep(config: str, overrides: list[str], clients: list[int], rounds: int, folder: Path, timeout: float,
           log=print, packed_ranks: int = 2, one_per_client_up_to: int = 16,
           algorithms=("fedavg", "codistill"), on_row=None) -> list[dict]:  # fmt: skip
-    """Every N of ``clients``: each algorithm on ``packed_ranks`` ranks, and on N ranks while
-    N <= ``one_per_client_up_to`` (beyond it the machine's memory, 400 MiB per rank, runs out).
-    ``on_row``: called with the rows after each run (to save them as they come)."""
+    """Every N of ``clients``: each algorithm on ``packed_ranks`` ranks twice, evaluated per client
+    (before) and each distinct model once (after), in alternating order, with the pure compute
+    timed alone (:func:`alone`); and on N ranks while N <= ``one_per_client_up_to`` (beyond it the
+    machine's memory, 400 MiB per rank, runs out). ``on_row``: called with the rows after each run
+    (to save them as they come)."""
     from .harness import BenchError
 
     rows = []
-    for n in clients:
+    for i, n in enumerate(clients):
         for algorithm in algorithms:
-            layouts = [min(packed_ranks, n)] + ([n] if n <= one_per_client_up_to and n != packed_ranks else [])
-            for ranks in layouts:
-                log(f"mpicd bench: {algorithm}, {n} clients on {ranks} ranks ...")
-                out = folder / f"{algorithm}_{n}_{ranks}.h5"
+            packed = min(packed_ranks, n)
+            modes = ("per_client", "once") if i % 2 == 0 else ("once", "per_client")
+            runs = [(packed, mode) for mode in modes]
+            runs += [(n, "once")] if n <= one_per_client_up_to and n != packed else []
+            for ranks, mode in runs:
+                log(f"mpicd bench: {algorithm}, {n} clients on {ranks} ranks, evaluated {mode} ...")
+                out = folder / f"{algorithm}_{n}_{ranks}_{mode}.h5"
                 try:
-                    rows.append(one_run(config, overrides, algorithm, n, ranks, rounds, out, timeout))
+                    row = one_run(config, [*overrides, f"eval.shared_models={mode}"], algorithm, n, ranks, rounds,
+                                  out, timeout)  # fmt: skip
+                    rows.append({**row, "evaluated": mode})
                 except BenchError as err:  # one run's failure (a data limit, memory) is reported, not fatal
-                    rows.append({"algorithm": algorithm, "clients": n, "ranks": ranks, "error": str(err)[-600:]})
+                    rows.append({"algorithm": algorithm, "clients": n, "ranks": ranks, "evaluated": mode,
+                                 "error": str(err)[-600:]})  # fmt: skip
                     log(f"mpicd bench: failed: {str(err).splitlines()[-1][:300]}")
                 if on_row is not None:
                     on_row(rows)
+            log(f"mpicd bench: {algorithm}, {n} clients of {packed} ranks, the pure compute timed alone ...")
+            try:
+                rows.append(alone(config, overrides, algorithm, n, packed, min(rounds, 6)))
+            except RuntimeError as err:
+                rows.append({"algorithm": algorithm, "clients": n, "ranks": packed, "evaluated": "alone",
+                             "error": str(err)[-600:]})  # fmt: skip
+            if on_row is not None:
+                on_row(rows)
     return rows
+
+
+def alone(config: str, overrides: list[str], algorithm: str, clients: int, ranks: int, rounds: int) -> dict:
+    """:func:`alone_one` for every rank at once, each in a fresh process pinned to its own core as
+    the job's ranks are (Open MPI binds rank r to core r here), so the pure compute meets the same
+    machine the job does: the job's round can be no shorter than its slowest rank's. The median
+    over rounds after the first of the slowest rank's round."""
+    import subprocess
+
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mpicd.bench.clients",
+                "--config",
+                config,
+                "--rounds",
+                str(rounds),
+                "--alone",
+                f"{algorithm},{clients},{ranks},{rank}",
+                *overrides,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for rank in range(ranks)
+    ]
+    found = []
+    for rank, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=3600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"alone ({algorithm}, {clients} clients, rank {rank}) failed:\n{err[-2000:]}")
+        found.append(json.loads(out.strip().splitlines()[-1]))
+    train = np.array([f["train_seconds"] for f in found]).T  # (rounds, ranks)
+    evaluate = np.array([f["eval_seconds"] for f in found]).T
+    later = slice(1, None) if len(train) > 1 else slice(None)
+    return {
+        "algorithm": algorithm,
+        "clients": clients,
+        "ranks": ranks,
+        "evaluated": "alone",
+        "threads": found[0]["threads"],
+        "distinct_models": int(sum(f["distinct_models"] for f in found)),
+        "pure_round_seconds": float(np.median((train + evaluate)[later].max(axis=1))),
+        "train_seconds": float(np.median(train[later].max(axis=1))),
+        "eval_seconds": float(np.median(evaluate[later].max(axis=1))),
+    }
+
+
+def alone_one(config: str, overrides: list[str], algorithm: str, clients: int, ranks: int, rank: int,
+              rounds: int) -> dict:  # fmt: skip
+    """The pure compute of rank ``rank`` of a job of ``clients`` clients packed on ``ranks`` ranks,
+    timed alone: in this process (pinned to core ``rank``), no MPI and no round loop, with the torch
+    threads and deterministic kernels a rank of the job gets, the rank's clients built as the job
+    builds them (:mod:`mpicd.layout`); then round by round each client's local epochs and each
+    distinct model's evaluation on the test and validation splits (one where the algorithm ends a
+    round with one model for all, else every client's), each timed by itself. Co-distillation's
+    clients get a zero mean from the next client as their received teacher row, so that their epochs
+    compute the term as in the job. Seconds per round: lists of ``train_seconds`` and ``eval_seconds``."""
+    import types
+
+    import torch
+
+    from ..client import Client
+    from ..config import load_config
+    from ..layout import Layout
+    from ..ledger import Ledger
+    from ..plan import prepare
+    from ..runtime import cpu_threads, deterministic_algorithms
+
+    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= ranks:
+        os.sched_setaffinity(0, {rank})
+    threads = cpu_threads(ranks)
+    torch.set_num_threads(threads)
+    deterministic_algorithms()
+    extra = [f"clients={clients}", "clients_per_rank=balanced", f"algorithm={{name: {algorithm}}}", "device=cpu"]
+    plan = prepare(load_config(config, [*overrides, *extra]))
+    splits = ("test", "val") if plan.dataset.val is not None else ("test",)
+    layout = Layout.of(plan.partition.train_counts.sum(axis=1), ranks, rank)
+    comm = types.SimpleNamespace(rank=rank, size=ranks, ledger=Ledger())
+    shared: dict = {}
+    held = [Client(plan, comm, "cpu", c, layout.owner, shared) for c in layout.mine]
+    if algorithm == "codistill":
+        for c in held:
+            teacher = (c.index + 1) % clients
+            c.algorithm.teachers[c.index] = teacher
+            c.algorithm.received = {teacher: torch.zeros(1, c.algorithm.width)}
+    distinct = held[:1] if plan.algorithm_cls.shared_at_evaluation else held
+    train, evaluate = [0.0] * rounds, [0.0] * rounds
+    for r in range(rounds):
+        for c in held:
+            start = time.perf_counter()
+            c.local_epochs(r)
+            train[r] += time.perf_counter() - start
+        for c in distinct:
+            start = time.perf_counter()
+            for split in splits:
+                c.predictions(split)
+            evaluate[r] += time.perf_counter() - start
+    return {"threads": threads, "distinct_models": len(distinct), "train_seconds": train, "eval_seconds": evaluate}
 
 
 def render(holding_result: dict | None, rows: list[dict]) -> str:
@@ -300,20 +426,65 @@ def render(holding_result: dict | None, rows: list[dict]) -> str:
             f"{b['state_bytes_per_client'] / 2**20:8.3f} MiB  {b['seconds_per_round']:.3f} s "
             f"(of which swapping {b['swap_seconds_per_round']:.4f} s)",
         ]
-    if rows:
+    runs = [r for r in rows if r.get("evaluated") != "alone"]
+    if runs:
         lines.append(
-            "| algorithm | clients | ranks | wall s | start-up s | s/round | pure compute s/round | memory GiB |"
+            "| algorithm | clients | ranks | evaluated | wall s | start-up s | s/round | round s | "
+            "pure compute s/round | memory GiB |"
         )
-        lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-        for r in rows:
+        lines.append("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for r in runs:
+            head = f"| {r['algorithm']} | {r['clients']} | {r['ranks']} | {r.get('evaluated', 'once')} |"
             if "error" in r:
-                lines.append(f"| {r['algorithm']} | {r['clients']} | {r['ranks']} | failed: {r['error'][-120:]} |")
+                lines.append(f"{head} failed: {r['error'][-120:]} |")
                 continue
             lines.append(
-                f"| {r['algorithm']} | {r['clients']} | {r['ranks']} | {r['wall_seconds']:.1f} | "
-                f"{r['startup_seconds']:.2f} | {r['seconds_per_round']:.3f} | {r['pure_compute_per_round']:.3f} | "
+                f"{head} {r['wall_seconds']:.1f} | {r['startup_seconds']:.2f} | {r['seconds_per_round']:.3f} | "
+                f"{r.get('round_seconds', float('nan')):.3f} | {r['pure_compute_per_round']:.3f} | "
                 f"{r['memory_pss_bytes'] / 2**30:.2f} |"
             )
+    paired = before_after(rows)
+    if paired:
+        lines += ["", render_before_after(paired)]
+    return "\n".join(lines)
+
+
+def before_after(rows: list[dict]) -> list[dict]:
+    """The packed runs paired: evaluated per client (before), each distinct model once (after), and
+    the pure compute timed alone, per algorithm and N."""
+    found: dict = {}
+    for r in rows:
+        if "error" not in r and r.get("evaluated") in ("per_client", "once", "alone"):
+            found.setdefault((r["algorithm"], r["clients"], r["ranks"]), {})[r["evaluated"]] = r
+    paired = []
+    for (algorithm, n, ranks), got in found.items():
+        if set(got) != {"per_client", "once", "alone"}:
+            continue  # a failed run, or the one-per-client layout
+        before, after, pure = got["per_client"], got["once"], got["alone"]["pure_round_seconds"]
+        paired.append({
+            "algorithm": algorithm, "clients": n, "ranks": ranks,
+            "round_before": before["round_seconds"], "round_after": after["round_seconds"],
+            "speedup_round": before["round_seconds"] / after["round_seconds"],
+            "pure_round_seconds": pure, "after_over_pure": after["round_seconds"] / pure,
+            "before_over_pure": before["round_seconds"] / pure,
+            "wall_before": before["wall_seconds"], "wall_after": after["wall_seconds"],
+            "speedup_wall": before["wall_seconds"] / after["wall_seconds"],
+        })  # fmt: skip
+    return paired
+
+
+def render_before_after(paired: list[dict]) -> str:
+    lines = [
+        "| algorithm | clients | ranks | s/round before | s/round after | speed-up | pure compute s/round | "
+        "after / pure | before / pure | wall s before | wall s after | wall speed-up |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for p in paired:
+        lines.append(
+            f"| {p['algorithm']} | {p['clients']} | {p['ranks']} | {p['round_before']:.3f} | {p['round_after']:.3f} | "
+            f"{p['speedup_round']:.2f} | {p['pure_round_seconds']:.3f} | {p['after_over_pure']:.2f} | "
+            f"{p['before_over_pure']:.2f} | {p['wall_before']:.1f} | {p['wall_after']:.1f} | {p['speedup_wall']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -328,10 +499,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--holding", type=int, default=0, metavar="K", help="measure holding K clients")
     parser.add_argument("--mode", choices=("one_model_per_client", "one_model_swapped"))
+    parser.add_argument("--alone", metavar="ALGORITHM,CLIENTS,RANKS,RANK", help="one rank's pure compute (a JSON line)")
     parser.add_argument("--one-per-client-up-to", type=int, default=16)
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--json")
     args, overrides = parser.parse_known_args(argv)
+    if args.alone:  # the pure compute of one sweep cell, in a process of its own: a JSON line
+        algorithm, clients, ranks, rank = args.alone.split(",")
+        print(
+            json.dumps(alone_one(args.config, overrides, algorithm, int(clients), int(ranks), int(rank), args.rounds))
+        )
+        return 0
     if args.mode:  # one half of holding(), in a process of its own: a JSON line
         print(json.dumps(holding_one(args.config, overrides, args.holding, args.rounds, args.mode)))
         return 0
