@@ -289,3 +289,40 @@ def test_an_output_location_that_cannot_hold_the_results_is_refused_before_train
     lines = [line for line in result.stdout.splitlines() if "config error" in line]
     assert result.returncode == 2 and len(lines) == 1 and message in lines[0], result.stdout
     assert "round    1" not in result.stdout and not (tmp_path / "run.h5").exists()
+
+
+def test_model_is_finite_finds_every_kind_of_non_finite_and_no_false_one():
+    """Against numpy's element-wise test: one NaN, +inf, -inf, +inf with -inf, in a parameter or a
+    buffer, float32 or float16 or float64; and huge finite values whose sum would overflow float32
+    (or float64, for a float64 tensor) are finite."""
+    import torch
+
+    from mpicd.nonfinite import model_is_finite
+
+    def model(dtype, values, where="weight"):
+        m = torch.nn.BatchNorm1d(len(values)).to(dtype)
+        with torch.no_grad():
+            target = m.weight if where == "weight" else m.running_var
+            target.copy_(torch.tensor(values, dtype=torch.float64).to(dtype))
+        return m
+
+    big = {torch.float32: 3.0e38, torch.float16: 6.0e4, torch.float64: 1.7e308}
+    for dtype in (torch.float32, torch.float16, torch.float64):
+        for where in ("weight", "running_var"):
+            cases = [
+                [1.0, 2.0, 3.0],
+                [1.0, float("nan"), 3.0],
+                [float("inf"), 2.0, 3.0],
+                [1.0, 2.0, -float("inf")],
+                [float("inf"), -float("inf"), 3.0],
+                [big[dtype]] * 3,  # finite, its sum in the tensor's own type is not
+                [-big[dtype], big[dtype], big[dtype]],
+            ]
+            for values in cases:
+                m = model(dtype, values, where)
+                expected = all(
+                    np.isfinite(t.detach().double().numpy()).all() for t in [*m.parameters(), *m.buffers()]
+                    if t.is_floating_point()
+                )  # fmt: skip
+                assert model_is_finite(m) == expected, (dtype, where, values)
+                assert expected == all(np.isfinite(values))
