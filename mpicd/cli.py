@@ -173,7 +173,8 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
         "--clients-per-rank",
         metavar="LIST",
         help="also measure clients per rank (mpicd.bench.clients): FedAvg and co-distillation at these client "
-        "counts, e.g. 4,8,16,32,64, on 2 ranks and on one rank per client up to 16",
+        "counts, e.g. 4,16,64, on 2 ranks evaluated per client and each distinct model once (before and after, "
+        "--repeats times) against the pure compute timed alone, and on one rank per client up to 16",
     )
     bench.add_argument("--config", help="an image dataset's config (default configs/pneumoniamnist.yaml)")
     bench.add_argument("--data", metavar="NPZ", help="the dataset file (sets data.path)")

@@ -186,26 +186,38 @@ def test_bad_options_exit_2_naming_the_option(args, named):
 def test_before_after_pairs_runs_with_the_pure_compute_and_ratios_by_hand():
     from mpicd.bench.clients import before_after, render
 
-    def run(evaluated, round_seconds, wall):
+    def run(evaluated, round_seconds, wall, repeat):
         return {"algorithm": "fedavg", "clients": 8, "ranks": 2, "evaluated": evaluated, "wall_seconds": wall,
                 "round_seconds": round_seconds, "startup_seconds": 1.0, "seconds_per_round": round_seconds,
-                "pure_compute_per_round": 0.1, "memory_pss_bytes": 2**30}  # fmt: skip
+                "pure_compute_per_round": 0.1, "memory_pss_bytes": 2**30, "repeat": repeat}  # fmt: skip
+
+    def pure(seconds, repeat):
+        return {"algorithm": "fedavg", "clients": 8, "ranks": 2, "evaluated": "alone", "pure_round_seconds": seconds,
+                "repeat": repeat}  # fmt: skip
 
     rows = [
-        run("per_client", 2.0, 50.0),
-        run("once", 0.5, 12.5),
-        {"algorithm": "fedavg", "clients": 8, "ranks": 2, "evaluated": "alone", "pure_round_seconds": 0.4},
-        run("once", 9.0, 99.0) | {"ranks": 8},  # one rank per client: no pair
+        run("per_client", 2.0, 50.0, 0),  # repeat 0: speed-up 4, after/pure 1.25, before/pure 5, wall 4
+        pure(0.4, 0),
+        run("once", 0.5, 12.5, 0),
+        run("once", 9.0, 99.0, 0) | {"ranks": 8},  # one rank per client: no pair
+        run("once", 0.5, 12.0, 1),  # repeat 1: speed-up 6, after/pure 1.0, before/pure 6, wall 5
+        pure(0.5, 1),
+        run("per_client", 3.0, 60.0, 1),
+        run("per_client", 1.0, 1.0, 2),  # repeat 2 lacks its pure compute: left out
+        run("once", 1.0, 1.0, 2),
         {"algorithm": "codistill", "clients": 8, "ranks": 2, "evaluated": "once", "error": "out of memory"},
     ]
     (pair,) = before_after(rows)
-    assert (pair["algorithm"], pair["clients"], pair["ranks"]) == ("fedavg", 8, 2)
-    assert pair["speedup_round"] == pytest.approx(4.0)  # 2.0 / 0.5
-    assert pair["after_over_pure"] == pytest.approx(1.25)  # 0.5 / 0.4
-    assert pair["before_over_pure"] == pytest.approx(5.0)
-    assert pair["speedup_wall"] == pytest.approx(4.0)  # 50 / 12.5
+    assert (pair["algorithm"], pair["clients"], pair["ranks"], pair["repeats"]) == ("fedavg", 8, 2, 2)
+    assert pair["speedup_round"] == pytest.approx(5.0)  # the median of 4 and 6
+    assert pair["after_over_pure"] == pytest.approx(1.125)  # of 1.25 and 1.0
+    assert (pair["after_over_pure_min"], pair["after_over_pure_max"]) == pytest.approx((1.0, 1.25))
+    assert pair["before_over_pure"] == pytest.approx(5.5)
+    assert pair["speedup_wall"] == pytest.approx(4.5)
     text = render(None, rows)
-    assert "| fedavg | 8 | 2 | 2.000 | 0.500 | 4.00 | 0.400 | 1.25 | 5.00 | 50.0 | 12.5 | 4.00 |" in text
+    assert (
+        "| fedavg | 8 | 2 | 2 | 2.500 | 0.500 | 5.00 | 0.450 | 1.12 (1.00–1.25) | 5.50 | 55.0 | 12.2 | 4.50 |" in text
+    )
     assert "failed: out of memory" in text
 
 
@@ -221,8 +233,8 @@ def test_the_clients_sweep_runs_both_evaluations_and_times_what_differs(tmp_path
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     rows = json.loads(out.read_text())["sweep"]
     assert [(r["algorithm"], r["evaluated"]) for r in rows] == [
-        ("fedavg", "per_client"), ("fedavg", "once"), ("fedavg", "alone"),
-        ("codistill", "per_client"), ("codistill", "once"), ("codistill", "alone"),
+        ("fedavg", "per_client"), ("fedavg", "alone"), ("fedavg", "once"),
+        ("codistill", "per_client"), ("codistill", "alone"), ("codistill", "once"),
     ]  # fmt: skip
     alone = {r["algorithm"]: r for r in rows if r["evaluated"] == "alone"}
     assert alone["fedavg"]["distinct_models"] == 2 and alone["codistill"]["distinct_models"] == 4
@@ -231,3 +243,4 @@ def test_the_clients_sweep_runs_both_evaluations_and_times_what_differs(tmp_path
         seconds = r["pure_round_seconds"] if r["evaluated"] == "alone" else r["round_seconds"]
         assert math.isfinite(seconds) and seconds > 0
     assert done.stdout.count("| fedavg | 4 | 2 |") == 3  # two runs and their pair
+    assert all(r["repeat"] == 0 for r in rows)

@@ -100,7 +100,14 @@ def bench(s: Settings, log=print) -> dict:
             packed = {
                 "holding": bench_clients.holding(s.config, s.overrides, 16),
                 "sweep": bench_clients.sweep(
-                    s.config, s.overrides, list(s.clients_sweep), s.clients_rounds, folder, s.timeout, log
+                    s.config,
+                    s.overrides,
+                    list(s.clients_sweep),
+                    s.clients_rounds,
+                    folder,
+                    s.timeout,
+                    log,
+                    repeats=s.repeats,
                 ),
             }
         a, b = net["pingpong"]["latency_seconds"], net["pingpong"]["bandwidth_bytes_per_second"]

@@ -11,7 +11,7 @@ Two measurements (``mpicd bench --clients-per-rank``, or ``python -m mpicd.bench
   (``clients_per_rank: balanced``) and on N ranks where memory allows: wall time of the job,
   start-up (the attr ``startup_seconds`` plus launch), seconds per round (the median over rounds
   after the first of the slowest rank's round), the job's memory (summed PSS of its processes,
-  sampled every 0.2 s, the peak), and the pure compute: each client's train and eval seconds
+  sampled every second, the peak), and the pure compute: each client's train and eval seconds
   summed over the clients, divided by the cores.
 * :func:`evaluated_once`: the same packed jobs with every client's model evaluated itself
   (``eval.shared_models: per_client``, how mpicd evaluated before) and each distinct model once
@@ -208,7 +208,7 @@ def _launch(n: int, argv: list[str], timeout: float) -> dict:
     peak, done = [0], threading.Event()
 
     def sample() -> None:
-        while not done.wait(0.2):
+        while not done.wait(1.0):  # each sample reads /proc: more often would load the job it measures
             peak[0] = max(peak[0], _pss_of_tree(proc.pid))
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -271,42 +271,46 @@ def one_run(config: str, overrides: list[str], algorithm: str, clients: int, ran
 
 def sweep(config: str, overrides: list[str], clients: list[int], rounds: int, folder: Path, timeout: float,
           log=print, packed_ranks: int = 2, one_per_client_up_to: int = 16,
-          algorithms=("fedavg", "codistill"), on_row=None) -> list[dict]:  # fmt: skip
-    """Every N of ``clients``: each algorithm on ``packed_ranks`` ranks twice, evaluated per client
-    (before) and each distinct model once (after), in alternating order, with the pure compute
-    timed alone (:func:`alone`); and on N ranks while N <= ``one_per_client_up_to`` (beyond it the
-    machine's memory, 400 MiB per rank, runs out). ``on_row``: called with the rows after each run
-    (to save them as they come)."""
+          algorithms=("fedavg", "codistill"), on_row=None, repeats: int = 1) -> list[dict]:  # fmt: skip
+    """Every N of ``clients``, ``repeats`` times: each algorithm on ``packed_ranks`` ranks twice,
+    evaluated per client (before) and each distinct model once (after), the pure compute timed alone
+    (:func:`alone`) between the two, which come in alternating order (this machine's speed drifts:
+    each ratio is taken within a repeat); and once on N ranks while N <= ``one_per_client_up_to``
+    (beyond it the machine's memory, 400 MiB per rank, runs out). ``on_row``: called with the rows
+    after each run (to save them as they come)."""
     from .harness import BenchError
 
     rows = []
-    for i, n in enumerate(clients):
-        for algorithm in algorithms:
-            packed = min(packed_ranks, n)
-            modes = ("per_client", "once") if i % 2 == 0 else ("once", "per_client")
-            runs = [(packed, mode) for mode in modes]
-            runs += [(n, "once")] if n <= one_per_client_up_to and n != packed else []
-            for ranks, mode in runs:
-                log(f"mpicd bench: {algorithm}, {n} clients on {ranks} ranks, evaluated {mode} ...")
-                out = folder / f"{algorithm}_{n}_{ranks}_{mode}.h5"
+
+    def job(algorithm: str, n: int, ranks: int, mode: str, repeat: int) -> None:
+        log(f"mpicd bench: {algorithm}, {n} clients on {ranks} ranks, evaluated {mode} (repeat {repeat + 1}) ...")
+        out = folder / f"{algorithm}_{n}_{ranks}_{mode}_{repeat}.h5"
+        try:
+            row = one_run(config, [*overrides, f"eval.shared_models={mode}"], algorithm, n, ranks, rounds, out, timeout)
+            rows.append({**row, "evaluated": mode, "repeat": repeat})
+        except BenchError as err:  # one run's failure (a data limit, memory) is reported, not fatal
+            rows.append({"algorithm": algorithm, "clients": n, "ranks": ranks, "evaluated": mode, "repeat": repeat,
+                         "error": str(err)[-600:]})  # fmt: skip
+            log(f"mpicd bench: failed: {str(err).splitlines()[-1][:300]}")
+        out.unlink(missing_ok=True)
+        if on_row is not None:
+            on_row(rows)
+
+    for repeat in range(repeats):
+        for i, n in enumerate(clients):
+            for algorithm in algorithms:
+                packed = min(packed_ranks, n)
+                first, second = ("per_client", "once") if (i + repeat) % 2 == 0 else ("once", "per_client")
+                job(algorithm, n, packed, first, repeat)
+                log(f"mpicd bench: {algorithm}, {n} clients of {packed} ranks, the pure compute timed alone ...")
                 try:
-                    row = one_run(config, [*overrides, f"eval.shared_models={mode}"], algorithm, n, ranks, rounds,
-                                  out, timeout)  # fmt: skip
-                    rows.append({**row, "evaluated": mode})
-                except BenchError as err:  # one run's failure (a data limit, memory) is reported, not fatal
-                    rows.append({"algorithm": algorithm, "clients": n, "ranks": ranks, "evaluated": mode,
-                                 "error": str(err)[-600:]})  # fmt: skip
-                    log(f"mpicd bench: failed: {str(err).splitlines()[-1][:300]}")
-                if on_row is not None:
-                    on_row(rows)
-            log(f"mpicd bench: {algorithm}, {n} clients of {packed} ranks, the pure compute timed alone ...")
-            try:
-                rows.append(alone(config, overrides, algorithm, n, packed, min(rounds, 6)))
-            except RuntimeError as err:
-                rows.append({"algorithm": algorithm, "clients": n, "ranks": packed, "evaluated": "alone",
-                             "error": str(err)[-600:]})  # fmt: skip
-            if on_row is not None:
-                on_row(rows)
+                    rows.append({**alone(config, overrides, algorithm, n, packed, min(rounds, 6)), "repeat": repeat})
+                except RuntimeError as err:
+                    rows.append({"algorithm": algorithm, "clients": n, "ranks": packed, "evaluated": "alone",
+                                 "repeat": repeat, "error": str(err)[-600:]})  # fmt: skip
+                job(algorithm, n, packed, second, repeat)
+                if repeat == 0 and n <= one_per_client_up_to and n != packed:
+                    job(algorithm, n, n, "once", repeat)
     return rows
 
 
@@ -450,39 +454,48 @@ def render(holding_result: dict | None, rows: list[dict]) -> str:
 
 
 def before_after(rows: list[dict]) -> list[dict]:
-    """The packed runs paired: evaluated per client (before), each distinct model once (after), and
-    the pure compute timed alone, per algorithm and N."""
+    """The packed runs paired within each repeat: evaluated per client (before), each distinct model
+    once (after), and the pure compute timed alone; per algorithm and N the median over repeats of
+    each figure and each ratio, and the range of after / pure."""
     found: dict = {}
     for r in rows:
         if "error" not in r and r.get("evaluated") in ("per_client", "once", "alone"):
-            found.setdefault((r["algorithm"], r["clients"], r["ranks"]), {})[r["evaluated"]] = r
+            key = (r["algorithm"], r["clients"], r["ranks"])
+            found.setdefault(key, {}).setdefault(r.get("repeat", 0), {})[r["evaluated"]] = r
     paired = []
-    for (algorithm, n, ranks), got in found.items():
-        if set(got) != {"per_client", "once", "alone"}:
-            continue  # a failed run, or the one-per-client layout
-        before, after, pure = got["per_client"], got["once"], got["alone"]["pure_round_seconds"]
-        paired.append({
-            "algorithm": algorithm, "clients": n, "ranks": ranks,
-            "round_before": before["round_seconds"], "round_after": after["round_seconds"],
-            "speedup_round": before["round_seconds"] / after["round_seconds"],
-            "pure_round_seconds": pure, "after_over_pure": after["round_seconds"] / pure,
-            "before_over_pure": before["round_seconds"] / pure,
-            "wall_before": before["wall_seconds"], "wall_after": after["wall_seconds"],
-            "speedup_wall": before["wall_seconds"] / after["wall_seconds"],
-        })  # fmt: skip
+    for (algorithm, n, ranks), repeats in found.items():
+        each = []
+        for got in repeats.values():
+            if set(got) != {"per_client", "once", "alone"}:
+                continue  # a failed run, or the one-per-client layout
+            before, after, pure = got["per_client"], got["once"], got["alone"]["pure_round_seconds"]
+            each.append({
+                "round_before": before["round_seconds"], "round_after": after["round_seconds"],
+                "speedup_round": before["round_seconds"] / after["round_seconds"],
+                "pure_round_seconds": pure, "after_over_pure": after["round_seconds"] / pure,
+                "before_over_pure": before["round_seconds"] / pure,
+                "wall_before": before["wall_seconds"], "wall_after": after["wall_seconds"],
+                "speedup_wall": before["wall_seconds"] / after["wall_seconds"],
+            })  # fmt: skip
+        if each:
+            median = {k: float(np.median([e[k] for e in each])) for k in each[0]}
+            spread = [e["after_over_pure"] for e in each]
+            paired.append({"algorithm": algorithm, "clients": n, "ranks": ranks, "repeats": len(each), **median,
+                           "after_over_pure_min": min(spread), "after_over_pure_max": max(spread)})  # fmt: skip
     return paired
 
 
 def render_before_after(paired: list[dict]) -> str:
     lines = [
-        "| algorithm | clients | ranks | s/round before | s/round after | speed-up | pure compute s/round | "
-        "after / pure | before / pure | wall s before | wall s after | wall speed-up |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| algorithm | clients | ranks | repeats | s/round before | s/round after | speed-up | pure compute s/round | "
+        "after / pure (range) | before / pure | wall s before | wall s after | wall speed-up |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for p in paired:
+        spread = f"{p['after_over_pure']:.2f} ({p['after_over_pure_min']:.2f}–{p['after_over_pure_max']:.2f})"
         lines.append(
-            f"| {p['algorithm']} | {p['clients']} | {p['ranks']} | {p['round_before']:.3f} | {p['round_after']:.3f} | "
-            f"{p['speedup_round']:.2f} | {p['pure_round_seconds']:.3f} | {p['after_over_pure']:.2f} | "
+            f"| {p['algorithm']} | {p['clients']} | {p['ranks']} | {p['repeats']} | {p['round_before']:.3f} | "
+            f"{p['round_after']:.3f} | {p['speedup_round']:.2f} | {p['pure_round_seconds']:.3f} | {spread} | "
             f"{p['before_over_pure']:.2f} | {p['wall_before']:.1f} | {p['wall_after']:.1f} | {p['speedup_wall']:.2f} |"
         )
     return "\n".join(lines)
@@ -497,6 +510,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", default=str(ROOT / "configs" / "pneumoniamnist.yaml"))
     parser.add_argument("--clients", default="", help="comma-separated client counts for the sweep")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=1, help="repeat the packed pairs (medians of the ratios)")
     parser.add_argument("--holding", type=int, default=0, metavar="K", help="measure holding K clients")
     parser.add_argument("--mode", choices=("one_model_per_client", "one_model_swapped"))
     parser.add_argument("--alone", metavar="ALGORITHM,CLIENTS,RANKS,RANK", help="one rank's pure compute (a JSON line)")
@@ -527,7 +541,7 @@ def main(argv: list[str]) -> int:
         folder = Path(tempfile.mkdtemp(prefix="mpicd-bench-clients-"))
         counts = [int(n) for n in args.clients.split(",")]
         rows = sweep(args.config, overrides, counts, args.rounds, folder, args.timeout,
-                     one_per_client_up_to=args.one_per_client_up_to, on_row=save)  # fmt: skip
+                     one_per_client_up_to=args.one_per_client_up_to, on_row=save, repeats=args.repeats)  # fmt: skip
     print(render(held, rows))
     if args.json:
         Path(args.json).write_text(json.dumps({"holding": held, "sweep": rows}, indent=1))
