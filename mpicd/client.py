@@ -302,8 +302,7 @@ def evaluate_clients(clients: list[Client], splits: tuple[str, ...], once: bool 
     """Every client a rank holds on the held-out ``splits`` (``test``, ``val``), each distinct
     predictor once (:mod:`mpicd.evaluation`; ``once`` False: each client's own). Returns
     ({client: {split: Scores}}, {client: seconds}); a group's prediction seconds are shared evenly
-    among its clients, each client's scoring is its own. The clients of a group other than the
-    first stay in training mode (nothing reads it before their next epoch sets it again)."""
+    among its clients, each client's scoring is its own."""
     found = {c.index: {} for c in clients}
     seconds = dict.fromkeys(found, 0.0)
     start = time.perf_counter()
@@ -319,6 +318,8 @@ def evaluate_clients(clients: list[Client], splits: tuple[str, ...], once: bool 
                 start = time.perf_counter()
                 found[clients[i].index][split] = evaluation.for_expertise(first, clients[i].expertise_class)
                 seconds[clients[i].index] += share + time.perf_counter() - start
+        for i in group[1:]:
+            clients[i].model.eval()  # in the mode its own evaluation would have left it
     return found, seconds
 
 

@@ -2,8 +2,9 @@
 
 Clients packed on a rank (:mod:`mpicd.layout`) often hold the same model at evaluation time: FedAvg
 ends every round with the global model on every client. Evaluating it for each client repeats the same
-forward passes over the held-out splits K times (64 FedAvg clients on 2 ranks spent 93% of their CPU
-time so: BENCHMARKS.md, "Each distinct model evaluated once"). So an algorithm declares that its
+forward passes over the held-out splits K times (64 FedAvg clients on 2 ranks, 20 rounds: 126 s of
+their /metrics/eval_seconds against 9 s of training; BENCHMARKS.md, "Each distinct model evaluated
+once"). So an algorithm declares that its
 clients end a round with the same predictor (:attr:`mpicd.algorithms.Algorithm.shared_at_evaluation`),
 and the clients of a rank whose predictor tensors (:meth:`~mpicd.algorithms.Algorithm.predictor_tensors`)
 are also equal bit for bit are grouped: the first predicts, and each client's scores (per-class

@@ -109,8 +109,11 @@ def test_equality_is_bitwise():
     assert evaluation.same_tensors(a, [torch.tensor([0.0, 1.0]), torch.tensor([2.0])])
     assert not evaluation.same_tensors(a, [torch.tensor([-0.0, 1.0]), torch.tensor([2.0])])  # -0.0 == 0.0 in value
     one_ulp = torch.from_numpy(np.nextafter(np.float32([1.0]), np.float32(2.0)))
-    assert not evaluation.same_tensors(a, [torch.tensor([0.0]), one_ulp, torch.tensor([2.0])])
-    assert not evaluation.same_tensors(a, [torch.tensor([0.0]).expand(1), torch.tensor([2.0])])
+    assert not evaluation.same_tensors(a, [torch.cat([torch.tensor([0.0]), one_ulp]), torch.tensor([2.0])])
+    assert not evaluation.same_tensors(a, [torch.tensor([0.0, 1.0])])  # a tensor fewer
+    square = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert evaluation.same_tensors([square.t()], [square.t().contiguous()])  # strides do not matter, values do
+    assert not evaluation.same_tensors([square.t()], [square])
     assert not evaluation.same_tensors([torch.tensor([0.0, 1.0])], [torch.tensor([0.0, 1.0], dtype=torch.float64)])
     assert not evaluation.same_tensors([torch.zeros(2, 1)], [torch.zeros(1, 2)])
     nan = torch.tensor([float("nan")])
@@ -160,22 +163,31 @@ def test_batchnorm_step_counters_do_not_split_the_group_and_running_statistics_d
 
 
 @pytest.mark.skipif(not PNEUMONIA.is_file(), reason="real data absent")
-def test_a_64_client_file_is_the_same_evaluated_once_or_per_client(tmp_path):
-    """FedAvg, 64 PneumoniaMNIST clients packed on 2 ranks: every dataset but timings equal bit for bit."""
+@pytest.mark.parametrize("options", [(), ("participation=0.5", "eval.every=2", "eval.train_split=true")])
+def test_a_64_client_file_is_the_same_evaluated_once_or_per_client(tmp_path, options):
+    """FedAvg, 64 PneumoniaMNIST clients packed on 2 ranks: every dataset but timings equal bit for
+    bit, evaluated once per model or every client's model itself (``per_client``, each client's own
+    forward pass as before the change); also with half the clients sitting out each round, a round
+    without evaluation and each client's own training split scored."""
     require_pneumonia()
     common = (
         f"data.path={PNEUMONIA}",
         "clients=64",
         "clients_per_rank=balanced",
-        "rounds=2",
+        "rounds=3",
         "data.images_per_class=18",
         "algorithm={name: fedavg}",
         "checkpoint.every=0",
+        *options,
     )
     config = QUICKSTART.parent / "pneumoniamnist.yaml"
     mpicd_run(2, config, tmp_path / "once.h5", *common, timeout=400)
     mpicd_run(2, config, tmp_path / "each.h5", *common, "eval.shared_models=per_client", timeout=400)
     once, each = compared(tmp_path / "once.h5"), compared(tmp_path / "each.h5")
-    assert once["metrics/minority_acc"].shape == (2, 64)
+    assert once["metrics/minority_acc"].shape == (3, 64)
     assert differences(once, each) == []
     assert len(np.unique(once["metrics/minority_acc"][-1])) == 2  # one model, two expertise classes
+    if options:
+        assert np.isnan(once["metrics/minority_acc"][0]).all()  # eval.every=2: round 1 not evaluated
+        assert once["metrics/participated"].sum(axis=1).tolist() == [32, 32, 32]
+        assert np.isfinite(once["metrics/train_acc"][-1]).all()  # each client scored on its own images

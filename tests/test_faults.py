@@ -293,7 +293,7 @@ def test_an_output_location_that_cannot_hold_the_results_is_refused_before_train
 
 def test_model_is_finite_finds_every_kind_of_non_finite_and_no_false_one():
     """Against numpy's element-wise test: one NaN, +inf, -inf, +inf with -inf, in a parameter or a
-    buffer, float32 or float16 or float64; and huge finite values whose sum would overflow float32
+    buffer, float32, float16, bfloat16 or float64; and huge finite values whose sum would overflow float32
     (or float64, for a float64 tensor) are finite."""
     import torch
 
@@ -306,8 +306,8 @@ def test_model_is_finite_finds_every_kind_of_non_finite_and_no_false_one():
             target.copy_(torch.tensor(values, dtype=torch.float64).to(dtype))
         return m
 
-    big = {torch.float32: 3.0e38, torch.float16: 6.0e4, torch.float64: 1.7e308}
-    for dtype in (torch.float32, torch.float16, torch.float64):
+    big = {torch.float32: 3.0e38, torch.float16: 6.0e4, torch.bfloat16: 3.0e38, torch.float64: 1.7e308}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         for where in ("weight", "running_var"):
             cases = [
                 [1.0, 2.0, 3.0],

@@ -342,11 +342,19 @@ def alone(config: str, overrides: list[str], algorithm: str, clients: int, ranks
         for rank in range(ranks)
     ]
     found = []
-    for rank, proc in enumerate(procs):
-        out, err = proc.communicate(timeout=3600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"alone ({algorithm}, {clients} clients, rank {rank}) failed:\n{err[-2000:]}")
-        found.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        for rank, proc in enumerate(procs):
+            out, err = proc.communicate(timeout=3600)
+            if proc.returncode != 0:
+                raise RuntimeError(f"alone ({algorithm}, {clients} clients, rank {rank}) failed:\n{err[-2000:]}")
+            found.append(json.loads(out.strip().splitlines()[-1]))
+    except (subprocess.TimeoutExpired, ValueError, IndexError) as err:  # a hang, or no JSON line
+        raise RuntimeError(f"alone ({algorithm}, {clients} clients): {err}") from err
+    finally:
+        for proc in procs:  # none left pinned to a core, loading the next job
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     train = np.array([f["train_seconds"] for f in found]).T  # (rounds, ranks)
     evaluate = np.array([f["eval_seconds"] for f in found]).T
     later = slice(1, None) if len(train) > 1 else slice(None)
