@@ -82,6 +82,7 @@ KEYS = {
     "train.loss": Key("choice", choices=("ce", "balanced")),
     "eval.every": Key("int", 1),
     "eval.train_split": Key("bool"),
+    "eval.shared_models": Key("choice", choices=("once", "per_client")),
     "eval.diagnostics": Key("bool"),
     "checkpoint.every": Key("int", 0),
     "checkpoint.flush_every": Key("int", 1, choices=("auto",)),
