@@ -13,10 +13,11 @@ Two measurements (``mpicd bench --clients-per-rank``, or ``python -m mpicd.bench
   after the first of the slowest rank's round), the job's memory (summed PSS of its processes,
   sampled every second, the peak), and the pure compute: each client's train and eval seconds
   summed over the clients, divided by the cores.
-* :func:`evaluated_once`: the same packed jobs with every client's model evaluated itself
+* in the same :func:`sweep`, each packed job twice: every client's model evaluated itself
   (``eval.shared_models: per_client``, how mpicd evaluated before) and each distinct model once
   (``once``, the default), alternating, against the pure compute of what differs, timed alone
-  (:func:`alone`): each client's local epochs and each distinct model's evaluation, no MPI, no loop.
+  (:func:`alone`): each client's local epochs and each distinct model's evaluation, no MPI, no loop;
+  :func:`before_after` pairs them.
 """
 
 from __future__ import annotations
@@ -321,24 +322,14 @@ def alone(config: str, overrides: list[str], algorithm: str, clients: int, ranks
     over rounds after the first of the slowest rank's round."""
     import subprocess
 
+    argv = [sys.executable, "-m", "mpicd.bench.clients", "--config", config, "--rounds", str(rounds)]
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "mpicd.bench.clients",
-                "--config",
-                config,
-                "--rounds",
-                str(rounds),
-                "--alone",
-                f"{algorithm},{clients},{ranks},{rank}",
-                *overrides,
-            ],
+            [*argv, "--alone", f"{algorithm},{clients},{ranks},{rank}", *overrides],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for rank in range(ranks)
     ]
     found = []
