@@ -87,8 +87,8 @@ def expected(res, sizes) -> tuple[np.ndarray, np.ndarray, str]:
 
 def report(out: Path, ranks: int) -> int:
     from mpicd.algorithms import Sizes
-    from mpicd.models import build_model
-    from mpicd.results import Results
+    from mpicd.models.networks import build_model
+    from mpicd.results.file import Results
 
     failures = 0
     for model in MODELS:

@@ -15,7 +15,7 @@ machine that maps them, so it moves with whatever else runs there), the sum of e
 node's peak grows per added rank.
 
 Modes: ``shared`` is ``mpicd run`` as it is (one rank per node loads the data into an MPI
-shared-memory window, mpicd/nodeshare.py); ``private`` is the same run with every rank loading its
+shared-memory window, mpicd/data/node_shared.py); ``private`` is the same run with every rank loading its
 own copy (``prepare`` called without the communicator, as before issue 9), for comparison.
 PSS is sampled (every --interval s), so a short spike between samples can be missed; VmHWM cannot.
 """
@@ -42,10 +42,10 @@ MIB = 1024 * 1024
 def private_run(argv: list[str]) -> int:
     """Under mpirun: ``mpicd run`` with every rank loading its own copy of the data (the "before")."""
     sys.path.insert(0, str(ROOT))
-    import mpicd.plan
+    import mpicd.run.plan
 
-    shared_prepare = mpicd.plan.prepare
-    mpicd.plan.prepare = lambda config, comm=None: shared_prepare(config)  # runner.run imports it at call time
+    shared_prepare = mpicd.run.plan.prepare
+    mpicd.run.plan.prepare = lambda config, comm=None: shared_prepare(config)  # runner.run imports it at call time
     from mpicd.cli import main
 
     return main(["run", *argv])

@@ -86,7 +86,7 @@ def net_fit(cluster, folder: Path, name: str, budget: float) -> dict:
 def measured(path: Path) -> dict:
     """Medians over the rounds after the first (seconds): the slowest rank's round and compute, the
     least-waiting rank's comm and write (on the other rank, comm also holds the wait for the slower)."""
-    from mpicd.results import Results
+    from mpicd.results.file import Results
 
     m = Results(path).metrics
     parts = {p: np.asarray(m[f"{p}_seconds"][1:], dtype=float) for p in ("train", "comm", "eval", "write")}
@@ -108,8 +108,8 @@ def main() -> int:
     parser.add_argument("--json", default=str(ROOT / "docs" / "bench" / "netns.json"))
     args = parser.parse_args()
     from mpicd.bench.projection import comm_model, model_sizes, progress_allreduce
-    from mpicd.config import load_config
-    from mpicd.plan import prepare
+    from mpicd.config.sections import load_config
+    from mpicd.run.plan import prepare
     from netns_cluster import NetnsCluster
 
     data = ROOT.parent / "shared" / "data" / "pneumoniamnist.npz"

@@ -27,8 +27,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpicd.results import Results  # noqa: E402
-from mpicd.sweep import load_sweep  # noqa: E402
+from mpicd.results.file import Results  # noqa: E402
+from mpicd.sweep.grid import load_sweep  # noqa: E402
 
 
 def mpirun(n: int, *args: str) -> float:

@@ -2,7 +2,7 @@
 
     mpiexec -n 2 .venv/bin/python jobs/bench_privacy.py OUT_DIR [ROUNDS] [override ...]
 
-Runs the round loop (``mpicd.loop.run``, as ``mpicd run``) of co-distillation and FedAvg on
+Runs the round loop (``mpicd.run.loop.run``, as ``mpicd run``) of co-distillation and FedAvg on
 configs/pneumoniamnist.yaml, each without and with a ``privacy`` section (co-distillation: the
 noise derived from epsilon 4 at q 0.5; FedAvg: DP-SGD at sigma 1), the private ones twice: with
 secret noise (the default: SHAKE-256 of each client's key, mpicd.privacy.secret) and with
@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from mpicd.comm import Comm
-from mpicd.config import load_config
-from mpicd.loop import run
-from mpicd.plan import prepare
+from mpicd.mpi.comm import Comm
+from mpicd.config.sections import load_config
+from mpicd.run.loop import run
+from mpicd.run.plan import prepare
 from mpicd.privacy import accountant
-from mpicd.results import Results
-from mpicd.runtime import abort_on_exception, place
+from mpicd.results.file import Results
+from mpicd.mpi.placement import abort_on_exception, place
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "pneumoniamnist.yaml"

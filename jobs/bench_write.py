@@ -2,7 +2,7 @@
 
     mpirun -n 4 --oversubscribe .venv/bin/python jobs/bench_write.py [--rounds 60] [--folder DIR]
 
-Creates the results file's per-round datasets (``mpicd.results.columns``, 2 classes) with the
+Creates the results file's per-round datasets (``mpicd.results.file.columns``, 2 classes) with the
 ``mpio`` driver, then per round, after a Barrier (so that no rank waits for a slower one): every
 rank writes its row with independent I/O (as ``ResultsWriter`` does), ``completed_rounds`` is
 modified in place, and the file is flushed collectively. Separately: ``MPI_File_sync`` alone on a
@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 from mpi4py import MPI
 
-from mpicd.results import columns
+from mpicd.results.file import columns
 
 
 def main() -> None:

@@ -5,7 +5,7 @@
 writes OUT_DIR/run.h5 (the results file) and OUT_DIR/model_client<I>.pt (client I's state_dict
 after the last round: for FedAvg the averaged model every peer receives). The input of the
 membership attack on FedAvg's model (jobs/privacy_audit.py). Why not the checkpoints: a run never
-checkpoints its last round and a complete run removes the others (mpicd.loop). Training is
+checkpoints its last round and a complete run removes the others (mpicd.run.loop). Training is
 mpicd's own code path; this only records each Client this rank builds (a wrapper around
 Client.__init__ that changes nothing it does) and saves its model once ``mpicd run`` returned 0
 (one client per rank or several, ``clients_per_rank``).
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mpicd.cli import main  # noqa: E402
-from mpicd.client import Client  # noqa: E402
+from mpicd.run.client import Client  # noqa: E402
 
 
 def drive(out: Path, args: list[str]) -> int:

@@ -6,7 +6,7 @@
         [--release-trials 10000] [--repeats 100] [--composition-repeats 30] [--write-readme]
 
 0. ``releases`` (the README's audit table; ``--write-readme`` puts it there): every private release
-   through the code a run calls (mpicd.release_audit: co-distillation's R with noised counts, the
+   through the code a run calls (mpicd.bench.release_audit: co-distillation's R with noised counts, the
    default, and its logit reading; FedProto's and FedDistill's payloads; FedAvg's/FedAMP's DP-SGD
    epoch), each at the sigma a run of --config resolves for a claimed epsilon of --release-epsilon
    per release (DP-SGD: one local epoch of 4 steps at q = 1/4 costs it); the composition of --rounds
@@ -16,7 +16,7 @@
    neighbour; the claim tested against the accountant's whole privacy profile
    (mpicd.privacy.tradeoff). Full defaults: about an hour on this 2-core machine.
 
-Features: the project's LeNet (mpicd.models, initialised from seeds.INIT, trained --train-epochs
+Features: the project's LeNet (mpicd.models.networks, initialised from seeds.INIT, trained --train-epochs
 epochs of plain SGD on the training split) on real PneumoniaMNIST images read by the project's
 loader. The teacher's expertise set is --members images of class 0 (normal, the minority class).
 
@@ -66,10 +66,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpicd import seeds  # noqa: E402
-from mpicd.config import DataConfig, load_config  # noqa: E402
+from mpicd.core import seeds  # noqa: E402
+from mpicd.config.sections import DataConfig, load_config  # noqa: E402
 from mpicd.data import load_dataset  # noqa: E402
-from mpicd.privacy import accountant, audit  # noqa: E402
+from mpicd.privacy import accountant
+from mpicd.privacy import audit  # noqa: E402
 from mpicd.privacy.clip import clip_rows  # noqa: E402
 from mpicd.privacy.gaussian import release_multiplier  # noqa: E402
 from mpicd.privacy.streams import ATTACK  # noqa: E402
@@ -155,11 +156,12 @@ def release_settings(args, epsilon: float, rounds: int):
 
 def releases_table(args, ds, features, logits, test_features, test_logits) -> list[dict]:
     """Table 0: the canary audit of every private release through the run's code
-    (mpicd.release_audit, mpicd.privacy.tradeoff), its composition and the half-sigma controls."""
+    (mpicd.bench.release_audit, mpicd.privacy.tradeoff), its composition and the half-sigma controls."""
     from dataclasses import replace
 
-    from mpicd import release_audit
-    from mpicd.privacy import dpsgd, tradeoff
+    from mpicd.bench import release_audit
+    from mpicd.privacy import dpsgd
+    from mpicd.privacy import tradeoff
 
     index = np.concatenate([np.flatnonzero(ds.train.y == c)[: args.members] for c in range(ds.num_classes)])
     labels = ds.train.y[index]
@@ -315,7 +317,7 @@ def run_overrides(args) -> list[str]:
 
 def methods_table(args, ds, features: np.ndarray, logits: np.ndarray, sigmas: dict) -> list[dict]:
     """Table 3: membership inference per method, from what a peer receives (module docstring, 3)."""
-    from mpicd.plan import prepare
+    from mpicd.run.plan import prepare
 
     plan = prepare(load_config(args.config, run_overrides(args)))
     if not np.array_equal(plan.dataset.train.y, ds.train.y):
@@ -377,7 +379,7 @@ def fedavg_rows(args, plan) -> list[dict]:
     import h5py
     import torch
 
-    from mpicd.models import build_model
+    from mpicd.models.networks import build_model
 
     cfg, ds, partition = plan.config, plan.dataset, plan.partition
     sizes = [len(index) for index in partition.train_indices]

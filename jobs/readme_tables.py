@@ -8,9 +8,9 @@ channels) and the results file's layout.
 from pathlib import Path
 
 from mpicd.algorithms import payload_table
-from mpicd.channels import table as channel_table
-from mpicd.config_text import config_tables
-from mpicd.results import layout_table
+from mpicd.mpi.channels import table as channel_table
+from mpicd.config.text import config_tables
+from mpicd.results.file import layout_table
 
 SECTIONS = {
     "<!-- mpicd config --markdown: begin -->": ("<!-- mpicd config --markdown: end -->", config_tables),

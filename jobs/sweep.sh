@@ -11,12 +11,12 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 sweep=${1:?usage: jobs/sweep.sh SWEEP.yaml}
 mpicd() { .venv/bin/python -m mpicd "$@"; }
-duration() {  # seconds -> 12s, 4m05s, 3h07m (as mpicd.sweep.duration)
+duration() {  # seconds -> 12s, 4m05s, 3h07m (as mpicd.sweep.grid.duration)
   local s=$1
   if ((s < 60)); then echo "${s}s"; elif ((s < 3600)); then printf '%dm%02ds\n' $((s / 60)) $((s % 60))
   else printf '%dh%02dm\n' $((s / 3600)) $((s % 3600 / 60)); fi
 }
-progress() {  # as mpicd.sweep.progress: time left = mean seconds of the runs ended x runs not ended
+progress() {  # as mpicd.sweep.grid.progress: time left = mean seconds of the runs ended x runs not ended
   local ended=$((finished + ${#failed[@]})) left="time left unknown"
   ((ended > 0)) && left="about $(duration $(((run_seconds * (total - ended) + ended / 2) / ended))) left"
   echo "$finished of $total finished, ${#failed[@]} failed; $(duration $((SECONDS - started))) elapsed, $left"

@@ -20,7 +20,7 @@ imports, data, model), 0-50 ms after the results file appeared (its creation, in
 starts without one: a window too short for the uniform draw to find), or a random fraction of a
 round after the progress line of a random round (so mid-round, mid-checkpoint, between rounds, or
 in the closing of the run).
-After every kill the file is checked: ``mpicd verify`` (mpicd.verify.verify) passes on it, and
+After every kill the file is checked: ``mpicd verify`` (mpicd.results.verify.verify) passes on it, and
 ``completed_rounds`` is at least the checkpoint round every rank held of the file's run before the
 attempt (no agreed round is lost). A file that a kill tore while it was being created (no round
 in it, no checkpoint beside it) is a legitimate state: the next ``--resume`` is expected to refuse
@@ -88,9 +88,10 @@ def use_code(work: Path, snapshot: bool = True) -> None:
         if "mpicd" in sys.modules:
             raise RuntimeError("use_code(snapshot=True) must run before anything imports mpicd")
     sys.path.insert(0, str(CODE))
-    from mpicd import checkpoint, startpoint  # noqa: F811
-    from mpicd.results import Results, ResultsFileError  # noqa: F811
-    from mpicd.verify import verify  # noqa: F811
+    from mpicd.run import checkpoint
+    from mpicd.run import startpoint  # noqa: F811
+    from mpicd.results.file import Results, ResultsFileError  # noqa: F811
+    from mpicd.results.verify import verify  # noqa: F811
 
     import mpicd
 
@@ -275,7 +276,7 @@ def reference_run(work: Path, ranks: int, rounds: int, epochs: int, algorithm: s
 
 
 def agreed_round(folder: Path, run_id: str | None, bound: int, ranks: int) -> int:
-    """What mpicd.loop.agree_on_checkpoint would agree on: the newest round <= bound that every
+    """What mpicd.run.loop.agree_on_checkpoint would agree on: the newest round <= bound that every
     rank holds a checkpoint of run ``run_id`` for (0: none)."""
     if not run_id:
         return 0

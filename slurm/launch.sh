@@ -27,7 +27,7 @@ config_clients() {
   python - "$@" <<'PY'
 import sys
 from mpicd.cli import _parsers
-from mpicd.config import ConfigError, load_config
+from mpicd.config.sections import ConfigError, load_config
 args = _parsers()["run"].parse_intermixed_args(sys.argv[1:])
 try:
     print(load_config(args.config, args.overrides).clients)

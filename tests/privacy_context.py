@@ -10,8 +10,8 @@ import torch
 
 from conftest import QUICKSTART
 from mpicd.algorithms.base import Context
-from mpicd.config import load_config
-from mpicd.models import build_model
+from mpicd.config.sections import load_config
+from mpicd.models.networks import build_model
 from mpicd.privacy.budget import Budget, settings
 
 

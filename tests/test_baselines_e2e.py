@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from mpicd.algorithms import REGISTRY
-from mpicd.config import ConfigError, load_config
-from mpicd.plan import prepare
-from mpicd.results import Results
+from mpicd.config.sections import ConfigError, load_config
+from mpicd.run.plan import prepare
+from mpicd.results.file import Results
 
 from conftest import QUICKSTART, require_pneumonia
 from drivers.driver_settings import RUN_ROUNDS

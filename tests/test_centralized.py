@@ -5,10 +5,10 @@ import types
 import numpy as np
 
 from mpicd.algorithms.centralized import Centralized
-from mpicd.config import load_config
-from mpicd.client import Client
-from mpicd.plan import prepare
-from mpicd.results import Results
+from mpicd.config.sections import load_config
+from mpicd.run.client import Client
+from mpicd.run.plan import prepare
+from mpicd.results.file import Results
 
 from conftest import QUICKSTART
 

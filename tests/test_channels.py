@@ -1,4 +1,4 @@
-"""Every byte declared (issue 40, mpicd/channels.py): each transfer in mpicd names a declared
+"""Every byte declared (issue 40, mpicd/mpi/channels.py): each transfer in mpicd names a declared
 channel; a run narrows the payload channel to its algorithm's declaration; what must not travel
 with privacy is refused before training. What crosses MPI in real jobs, buffer by buffer, is
 audited in tests/test_payloads.py (every buffer's channel, class and dtype) and
@@ -13,8 +13,8 @@ import re
 import pytest
 
 from mpicd.algorithms import REGISTRY, resolve
-from mpicd.channels import CHANNELS, INSTRUMENTATION, PROTOCOL, payload_channel, table
-from mpicd.config import ConfigError, load_config
+from mpicd.mpi.channels import CHANNELS, INSTRUMENTATION, PROTOCOL, payload_channel, table
+from mpicd.config.sections import ConfigError, load_config
 
 from conftest import QUICKSTART, ROOT, mpicd_cli
 
@@ -87,7 +87,7 @@ def test_readme_lists_every_channel_as_generated():
     begin, end = "<!-- channel table: begin -->", "<!-- channel table: end -->"
     assert text.count(begin) == 1 and text.count(end) == 1, "README.md lost its channel table markers"
     assert text.split(begin)[1].split(end)[0].strip("\n") == table(), (
-        "README.md is stale: paste mpicd.channels.table() between the markers"
+        "README.md is stale: paste mpicd.mpi.channels.table() between the markers"
     )
     for name, channel in CHANNELS.items():
         if channel.role != "payload":

@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from mpicd.algorithms import resolve
-from mpicd.runner import launch_hint
-from mpicd.config import Config, load_config
-from mpicd.results import Results
-from mpicd.durations import duration
-from mpicd.sweep import progress
+from mpicd.run.runner import launch_hint
+from mpicd.config.sections import Config, load_config
+from mpicd.results.file import Results
+from mpicd.core.durations import duration
+from mpicd.sweep.grid import progress
 
 from conftest import QUICKSTART, ROOT, mpi_env, mpicd_cli, mpicd_run, mpiexec
 
@@ -120,7 +120,7 @@ def run_file(tmp_path_factory):
 
 def test_results_report_and_check_need_no_mpi4py(run_file):
     code = f"""
-from mpicd.results import Results
+from mpicd.results.file import Results
 from mpicd.cli import main
 r = Results({str(run_file)!r})
 assert r.completed_rounds == 2 and r.metrics["minority_acc"].shape == (2, 2), r
@@ -132,7 +132,7 @@ print("read without mpi4py")
     result = python(code, "mpi4py")
     assert result.returncode == 0, result.stderr
     assert "read without mpi4py" in result.stdout and "codistill" in result.stdout and "held-out" in result.stdout
-    blocked = python("import mpicd.comm", "mpi4py")  # the blocker works
+    blocked = python("import mpicd.mpi.comm", "mpi4py")  # the blocker works
     assert blocked.returncode != 0 and "mpi4py is blocked by the test" in blocked.stderr
 
 

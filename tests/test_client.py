@@ -4,8 +4,8 @@ train on it), the layout is what `mpicd check` prints, and the loss is recorded 
 import numpy as np
 import pytest
 
-from mpicd.client import batch_bounds
-from mpicd.results import Results
+from mpicd.run.client import batch_bounds
+from mpicd.results.file import Results
 
 from conftest import QUICKSTART, ROOT, mpicd_cli, mpicd_run, require_pneumonia
 

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import yaml
 
-from mpicd import verify
+from mpicd.results import verify
 from mpicd.algorithms import REGISTRY, Sizes, resolve
 from mpicd.algorithms.codistill import CoDistillation
-from mpicd.layout import assign
-from mpicd.results import Results
+from mpicd.mpi.assignment import assign
+from mpicd.results.file import Results
 
 from conftest import DRIVERS, QUICKSTART, is_timing, mpiexec
 
@@ -186,7 +186,7 @@ def test_a_checkpoint_resumes_on_another_layout(layouts, tmp_path, first, then):
 
 
 def test_partial_participation_is_recorded_and_the_others_keep_their_state(layouts):
-    """participation 0.5 of 6 clients: 3 take part each round (mpicd.participation); checked on
+    """participation 0.5 of 6 clients: 3 take part each round (mpicd.run.participation); checked on
     the 2-rank files (equal on every layout, above)."""
     local, fedavg, codistill = (Results(layouts[2] / f"{name}_half.h5") for name in ("local", "fedavg", "codistill"))
     for res in (local, fedavg, codistill):

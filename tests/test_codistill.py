@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mpicd.algorithms.codistill import teacher_assignment
-from mpicd.results import Results
+from mpicd.results.file import Results
 
 from conftest import DRIVERS, PNEUMONIA, QUICKSTART, ROOT, mpicd_run, mpiexec, require_pneumonia
 
@@ -151,7 +151,7 @@ def test_authors_code_options_allgather_their_tables(tmp_path, option, rows):
 
 def test_k_larger_than_a_shared_class_is_rejected_before_training():
     from mpicd.algorithms import resolve
-    from mpicd.config import ConfigError
+    from mpicd.config.sections import ConfigError
 
     cls, params = resolve({"name": "codistill", "k": 20, "classes": "all"})
     counts, expertise = np.array([[42, 16], [16, 42]]), np.array([0, 1])
@@ -167,8 +167,8 @@ def test_k_larger_than_a_shared_class_is_rejected_before_training():
 @pytest.fixture(scope="module", params=[2, 4])
 def probe(request, tmp_path_factory):
     """(ranks, {variant: (plan, [rank dumps])}) of one probe job under ``mpiexec -n ranks``."""
-    from mpicd.config import load_config
-    from mpicd.plan import prepare
+    from mpicd.config.sections import load_config
+    from mpicd.run.plan import prepare
 
     ranks = request.param
     out = tmp_path_factory.mktemp(f"probe{ranks}")
@@ -189,7 +189,7 @@ def probe(request, tmp_path_factory):
 
 def teacher_model(plan, dump: dict, r: int):
     """The rank's model as it was in round ``r``, rebuilt from its dumped state, in float64."""
-    from mpicd.models import build_model
+    from mpicd.models.networks import build_model
 
     cfg = plan.config
     model = build_model(
@@ -303,7 +303,7 @@ def test_the_term_is_lambda_mse_over_the_batch_samples_of_the_teachers_class(pro
 
 
 def test_a_per_batch_teacher_is_never_the_client_and_follows_its_own_stream(probe):
-    from mpicd import seeds
+    from mpicd.core import seeds
 
     ranks, variants = probe
     plan, dumps = variants["batch_k5"]

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 import pytest
 
 from mpicd.algorithms import resolve
-from mpicd.config import Config, ConfigError, apply_override, from_mapping, load_config, to_mapping
-from mpicd.sweep import load_sweep
+from mpicd.config.sections import Config, ConfigError, apply_override, from_mapping, load_config, to_mapping
+from mpicd.sweep.grid import load_sweep
 
 from conftest import QUICKSTART
 

@@ -27,7 +27,7 @@ import yaml
 
 from fixtures_data import write_aptos, write_covid, write_medmnist
 from mpicd.cli import main
-from mpicd.results import Results, ResultsFileError
+from mpicd.results.file import Results, ResultsFileError
 
 from conftest import QUICKSTART, ROOT, mpi_env, mpicd_cli, mpicd_run
 

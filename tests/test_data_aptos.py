@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fixtures_data import write_aptos, write_png
-from mpicd.config import ConfigError, DataConfig
+from mpicd.config.sections import ConfigError, DataConfig
 from mpicd.data import load_dataset
 
 DIAGNOSES = [0, 2, 0, 4, 0, 1, 0, 3, 0, 0, 2, 1]  # 6 without DR, 6 with

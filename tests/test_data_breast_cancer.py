@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer
 
-from mpicd.config import ConfigError, DataConfig
+from mpicd.config.sections import ConfigError, DataConfig
 from mpicd.data import LOADERS, load_dataset
 from mpicd.data.base import stratified_split
 from mpicd.data.partition import make_partition

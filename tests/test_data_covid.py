@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fixtures_data import write_covid
-from mpicd.config import ConfigError, DataConfig
+from mpicd.config.sections import ConfigError, DataConfig
 from mpicd.data import load_dataset
 
 COUNTS = {"Normal": 11, "COVID": 8, "Lung_Opacity": 3}

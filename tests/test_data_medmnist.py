@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fixtures_data import write_medmnist
-from mpicd.config import ConfigError, DataConfig
+from mpicd.config.sections import ConfigError, DataConfig
 from mpicd.data import load_dataset
 from mpicd.data.partition import make_partition
 

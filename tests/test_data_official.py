@@ -17,11 +17,11 @@ import pytest
 import yaml
 
 from fixtures_data import write_medmnist
-from mpicd.config import ConfigError, DataConfig, load_config
+from mpicd.config.sections import ConfigError, DataConfig, load_config
 from mpicd.data import load_dataset
 from mpicd.data.medmnist import md5_check
-from mpicd.plan import prepare
-from mpicd.results import Results
+from mpicd.run.plan import prepare
+from mpicd.results.file import Results
 
 from conftest import ROOT, mpicd_cli, mpicd_run, mpiexec
 
@@ -149,7 +149,7 @@ def test_a_bad_label_map_stops_check_with_exit_2_naming_the_key(tmp_path):
 def resolved(config) -> dict:
     """The config as a results file holds it (Plan.resolved_config: the algorithm's keys filled in)."""
     from mpicd.algorithms import resolve
-    from mpicd.config import to_mapping
+    from mpicd.config.sections import to_mapping
 
     tree = to_mapping(config)
     cls, params = resolve(config.algorithm)
@@ -158,7 +158,7 @@ def resolved(config) -> dict:
 
 
 def test_older_results_without_label_map_compare_equal():
-    from mpicd.config import Config, config_difference
+    from mpicd.config.sections import Config, config_difference
 
     new = resolved(Config())
     old = resolved(Config())
@@ -173,9 +173,9 @@ def test_older_results_without_label_map_compare_equal():
 
 SHARED_LOAD = """
 import json, sys
-from mpicd.comm import Comm
-from mpicd.config import Config, DataConfig
-from mpicd.plan import prepare
+from mpicd.mpi.comm import Comm
+from mpicd.config.sections import Config, DataConfig
+from mpicd.run.plan import prepare
 comm = Comm()
 data = DataConfig(name="medmnist", path=sys.argv[1], label_map=[2, 0, 1, 0, 2], classes=["a", "b", "c"])
 plan = prepare(Config(clients=comm.size, data=data), comm)
@@ -352,7 +352,7 @@ def five_class_sweep(tmp_path_factory):
     )
     result = mpiexec(4, "-m", "mpicd", "pack", str(sweep), timeout=600)
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
-    from mpicd.sweep import load_sweep
+    from mpicd.sweep.grid import load_sweep
 
     return {i: Results(run.output) for i, run in enumerate(load_sweep(sweep))}
 

@@ -7,7 +7,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from mpicd.config import Config, ConfigError, DataConfig, config_difference, from_mapping, to_mapping
+from mpicd.config.sections import Config, ConfigError, DataConfig, config_difference, from_mapping, to_mapping
 from mpicd.data import load_dataset
 from mpicd.data.partition import (
     class_proportions,

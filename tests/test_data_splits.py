@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import yaml
 
-from mpicd.config import ConfigError, DataConfig, load_config
+from mpicd.config.sections import ConfigError, DataConfig, load_config
 from mpicd.data.base import Arrays, standardise, stratified_split
 
 NAMES = ("a", "b", "c")

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from mpicd.degenerate import one_hot, single_class_clients
+from mpicd.evaluation.degenerate import one_hot, single_class_clients
 
 from conftest import QUICKSTART, mpicd_cli, mpicd_run
 

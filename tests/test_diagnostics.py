@@ -17,8 +17,8 @@ import torch
 
 from conftest import DRIVERS, QUICKSTART, is_timing, mpiexec
 
-from mpicd import diagnostics
-from mpicd.diagnostics import GradShare, linear_cka, relative_distance
+from mpicd.evaluation import diagnostics
+from mpicd.evaluation.diagnostics import GradShare, linear_cka, relative_distance
 
 ROUNDS = 3
 DIAG = ("diag/term_grad_share", "diag/r_distance", "diag/cka_teacher")
@@ -98,7 +98,7 @@ def _codistill_student(classes: str, received: torch.Tensor):
 
 
 def test_r_distance_hand_computed():
-    from mpicd.client import Client
+    from mpicd.run.client import Client
 
     # Eval-mode features: (1, 0), (3, 0) for class 1, (0, 10), (2, 4) for class 0. The teacher's
     # class is 1: m = (2, 0); R = (2, 3): ||m - R|| / ||R|| = 3 / sqrt 13.
@@ -224,7 +224,7 @@ def test_on_changes_nothing_else_bit_for_bit(runs):
 def test_probe_features_travel_outside_rounds_exactly(runs):
     import h5py
 
-    from mpicd.verify import verify
+    from mpicd.results.verify import verify
 
     for name in runs:
         assert verify(runs[name] / "run.h5").ok, verify(runs[name] / "run.h5").text()

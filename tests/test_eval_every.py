@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from mpicd.report import summarize
-from mpicd.results import Results
+from mpicd.results.file import Results
 
 from conftest import QUICKSTART, is_timing, mpicd_run
 

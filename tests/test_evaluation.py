@@ -1,4 +1,4 @@
-"""Each distinct model evaluated once (mpicd.evaluation, mpicd.client.evaluate_clients).
+"""Each distinct model evaluated once (mpicd.evaluation.predictors, mpicd.run.client.evaluate_clients).
 
 The expected scores are computed here from the model's own forward pass and the recall's definition
 (the share of a class's images predicted as that class), not through mpicd's evaluation code; the
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from mpicd import evaluation
-from mpicd.client import Client, evaluate_clients
-from mpicd.config import load_config
-from mpicd.plan import prepare
+from mpicd.evaluation import predictors as evaluation
+from mpicd.run.client import Client, evaluate_clients
+from mpicd.config.sections import load_config
+from mpicd.run.plan import prepare
 
 from conftest import PNEUMONIA, QUICKSTART, mpicd_run, require_pneumonia
 from test_clients_per_rank import compared, differences

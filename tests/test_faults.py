@@ -297,7 +297,7 @@ def test_model_is_finite_finds_every_kind_of_non_finite_and_no_false_one():
     (or float64, for a float64 tensor) are finite."""
     import torch
 
-    from mpicd.nonfinite import model_is_finite
+    from mpicd.run.nonfinite import model_is_finite
 
     def model(dtype, values, where="weight"):
         m = torch.nn.BatchNorm1d(len(values)).to(dtype)

@@ -14,8 +14,8 @@ from mpicd.algorithms.fedamp import (
     squared_distances,
 )
 from mpicd.algorithms.fedavg import flatten
-from mpicd.models import build_model, num_parameters
-from mpicd.results import Results
+from mpicd.models.networks import build_model, num_parameters
+from mpicd.results.file import Results
 
 from conftest import rank_dumps
 from drivers.driver_settings import STATS_ROUNDS

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from mpicd.algorithms.fedamp import FedAMPParams, streaming_cloud
-from mpicd.ledger import KINDS
-from mpicd.results import Results
+from mpicd.mpi.accounting import KINDS
+from mpicd.results.file import Results
 
 from conftest import DRIVERS, ROOT, mpicd_run, mpiexec, require_pneumonia
 from drivers.driver_settings import FEDAMP_RING_ROUNDS

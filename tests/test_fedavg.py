@@ -7,8 +7,8 @@ import torch
 from mpicd.algorithms.base import Context
 from mpicd.algorithms.aggregate import assign, averaged_tensors, flatten
 from mpicd.algorithms.fedavg import FedAvg
-from mpicd.models import build_model, num_parameters, resnet18
-from mpicd.results import Results
+from mpicd.models.networks import build_model, num_parameters, resnet18
+from mpicd.results.file import Results
 
 from conftest import DRIVERS, mpiexec, rank_dumps
 from drivers.driver_settings import FEDAVG_ROUNDS, STATS_ROUNDS

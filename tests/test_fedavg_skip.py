@@ -7,7 +7,7 @@ rank's model just before and just after each aggregation (tests/drivers/fedavg_r
 import numpy as np
 import pytest
 
-from mpicd.results import Results
+from mpicd.results.file import Results
 
 from conftest import DRIVERS, mpiexec
 from drivers.driver_settings import FEDAVG_ROUNDS

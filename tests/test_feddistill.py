@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from mpicd.algorithms.base import Batch, Context
 from mpicd.algorithms.feddistill import FedDistill, FedDistillParams, teacher_logits
-from mpicd.models import build_model
-from mpicd.results import Results
+from mpicd.models.networks import build_model
+from mpicd.results.file import Results
 
 from conftest import rank_dumps
 from drivers.driver_settings import STATS_ROUNDS

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from mpicd.algorithms.base import Batch, Context
 from mpicd.algorithms.fedproto import FedProto, FedProtoParams, PerClassMeans, mean_over_clients
-from mpicd.models import build_model
-from mpicd.results import Results
+from mpicd.models.networks import build_model
+from mpicd.results.file import Results
 
 from conftest import rank_dumps
 from drivers.driver_settings import STATS_ROUNDS
@@ -221,9 +221,9 @@ def test_the_client_shows_every_training_batch_to_the_statistics_at_lambda_0(nam
     at lambda = 0 (no loss term) the counts are still those of every image of the local epochs."""
     from types import SimpleNamespace
 
-    from mpicd.client import Client
-    from mpicd.config import load_config
-    from mpicd.plan import prepare
+    from mpicd.run.client import Client
+    from mpicd.config.sections import load_config
+    from mpicd.run.plan import prepare
 
     from conftest import QUICKSTART
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from mpicd import checkpoint
-from mpicd.results import Results, flush_interval
-from mpicd.verify import verify
+from mpicd.run import checkpoint
+from mpicd.results.file import Results, flush_interval
+from mpicd.results.verify import verify
 
 from conftest import DRIVERS, QUICKSTART, is_timing, mpicd_run, mpiexec
 from drivers.driver_settings import HELD

@@ -1,7 +1,7 @@
 """Property-based bad input: every generated bad config or override is exit 2 and one line naming the key.
 
 The expected key and type of every setting are transcribed by hand from the README's table (KEYS
-below), not read from mpicd.config, so a lost bound or type check fails here. Each example is one
+below), not read from mpicd.config.sections, so a lost bound or type check fails here. Each example is one
 valid base config with exactly one thing broken, so the culprit is known in advance: wrong types,
 values out of range, huge and negative numbers, strings where numbers belong, unknown keys at every
 level, keys under a value, sections and whole files that are not mappings, broken YAML, duplicate
@@ -26,7 +26,7 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from mpicd.cli import main
-from mpicd.config import Config, describe, load_config
+from mpicd.config.sections import Config, describe, load_config
 
 from conftest import mpicd_cli, mpiexec
 

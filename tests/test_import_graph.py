@@ -13,29 +13,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Bottom to top; a module may import its own layer (no cycle) and the layers below. An entry names a
-# module and everything under it ("mpicd.algorithms": the registry and every algorithm); "mpicd" is the
-# package's own __init__ only.
+# Bottom to top, read from the tree: a layer is one or more of mpicd's packages, and a module's layer is
+# its package's. A module may import its own layer (no cycle) and the layers below. The package's own
+# __init__ (its version) is below everything and ``python -m mpicd`` above everything.
 LAYERS = (
-    (
-        "foundations: no mpicd imports but each other",
-        ("mpicd", "mpicd.schema", "mpicd.seeds", "mpicd.ledger", "mpicd.metrics", "mpicd.optim",
-         "mpicd.diagnostics", "mpicd.degenerate", "mpicd.durations", "mpicd.faults", "mpicd.signals",
-         "mpicd.checkpoint", "mpicd.watchdog", "mpicd.exclusive", "mpicd.channels"),
-    ),
-    ("MPI, models, client sampling, privacy maths", ("mpicd.comm", "mpicd.nonfinite", "mpicd.models",
-     "mpicd.participation", "mpicd.privacy")),
-    ("the algorithms and their registry", ("mpicd.algorithms",)),
-    ("the config and what it alone decides", ("mpicd.config", "mpicd.config_text", "mpicd.identity", "mpicd.layout",
-     "mpicd.runtime")),
-    ("the data", ("mpicd.data", "mpicd.nodeshare")),
-    ("an experiment: plan, client, results file", ("mpicd.plan", "mpicd.check", "mpicd.client", "mpicd.evaluation",
-     "mpicd.results", "mpicd.startpoint")),
-    ("a run and what reads runs", ("mpicd.loop", "mpicd.runner", "mpicd.sweep", "mpicd.verify", "mpicd.report",
-                                   "mpicd.release_audit")),
-    ("commands built on runs", ("mpicd.pack", "mpicd.bench")),
-    ("the command line", ("mpicd.cli", "mpicd.__main__")),
-)  # fmt: skip
+    ("foundations: import nothing else of mpicd", ("core",)),
+    ("MPI, the networks, held-out scores", ("mpi", "models", "evaluation")),
+    ("privacy maths", ("privacy",)),
+    ("the algorithms and their registry", ("algorithms",)),
+    ("the configuration", ("config",)),
+    ("the data", ("data",)),
+    ("the results file", ("results",)),
+    ("a run, and what reads runs", ("run", "report")),
+    ("commands built on runs", ("sweep", "bench")),
+    ("the command line", ("cli",)),
+)
+TOP_LEVEL = {"mpicd": 0, "mpicd.__main__": len(LAYERS) - 1}  # the only modules directly in mpicd/
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -105,15 +98,20 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def packages(root: Path = ROOT) -> set[str]:
+    """mpicd's sub-packages as they stand on disk (a folder with an __init__.py)."""
+    return {p.parent.name for p in (root / "mpicd").glob("*/__init__.py")}
+
+
 def layer_of(module: str) -> int | None:
-    """The index in LAYERS of the longest entry that is ``module`` or a package above it."""
-    best = None
-    for i, (_, entries) in enumerate(LAYERS):
-        for entry in entries:
-            below = entry != "mpicd" and module.startswith(entry + ".")
-            if (module == entry or below) and (best is None or len(entry) > best[1]):
-                best = (i, len(entry))
-    return None if best is None else best[0]
+    """The index in LAYERS of the layer holding ``module``'s package (mpicd.run.loop: run's)."""
+    if module in TOP_LEVEL:
+        return TOP_LEVEL[module]
+    package = module.split(".")[1] if module.startswith("mpicd.") else None
+    for i, (_, names) in enumerate(LAYERS):
+        if package in names:
+            return i
+    return None
 
 
 def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
@@ -129,8 +127,8 @@ def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 
 def test_the_graph_sees_imports_inside_functions():
     graph = import_graph()
-    assert "mpicd.algorithms" in graph["mpicd.config"]  # _check_method_switch imports the registry lazily
-    assert "mpicd.runner" in graph["mpicd.cli"] and "mpicd.bench" in graph["mpicd.cli"]
+    assert "mpicd.algorithms" in graph["mpicd.config.sections"]  # _check_method_switch imports the registry lazily
+    assert "mpicd.run.runner" in graph["mpicd.cli"] and "mpicd.bench" in graph["mpicd.cli"]
     assert "mpicd.bench.write" in graph["mpicd.bench"]  # ``from . import write as bench_write`` in bench()
 
 
@@ -149,7 +147,22 @@ def test_the_package_has_no_import_cycle():
 
 def test_every_module_has_a_layer():
     missing = [m for m in import_graph() if layer_of(m) is None]
-    assert not missing, f"add these modules to LAYERS in tests/test_import_graph.py: {missing}"
+    assert not missing, f"put these modules in a package and the package in LAYERS: {missing}"
+
+
+def test_the_layers_are_the_packages_on_disk():
+    listed = [name for _, names in LAYERS for name in names]
+    assert len(listed) == len(set(listed))
+    assert set(listed) == packages(), "LAYERS names exactly mpicd's packages"
+    loose = sorted(p.name for p in (ROOT / "mpicd").glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py"], f"modules directly in mpicd/: {loose}"
+
+
+def test_a_module_takes_its_packages_layer():
+    assert layer_of("mpicd.core.schema") == 0 and layer_of("mpicd") == 0
+    assert layer_of("mpicd.run.loop") == layer_of("mpicd.report.stats") == 7
+    assert layer_of("mpicd.cli") == layer_of("mpicd.__main__") == len(LAYERS) - 1
+    assert layer_of("mpicd.nowhere.x") is None and layer_of("numpy") is None
 
 
 def test_nothing_imports_upward():

@@ -1,10 +1,10 @@
-"""mpicd.layout: the assignment of clients to ranks, against assignments worked out by hand."""
+"""mpicd.mpi.assignment: the assignment of clients to ranks, against assignments worked out by hand."""
 
 import numpy as np
 import pytest
 
-from mpicd.config import ConfigError
-from mpicd.layout import Layout, assign, check_ranks
+from mpicd.config.sections import ConfigError
+from mpicd.mpi.assignment import Layout, assign, check_ranks
 
 
 @pytest.mark.parametrize(

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import yaml
 
-from mpicd.config import ConfigError
+from mpicd.config.sections import ConfigError
 from mpicd.report import ReportError, summarize
 from mpicd.report import ledger
-from mpicd.sweep import is_done, load_sweep
+from mpicd.sweep.grid import is_done, load_sweep
 
 from conftest import QUICKSTART, mpicd_cli, mpiexec
 

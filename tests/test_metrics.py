@@ -1,6 +1,6 @@
 import numpy as np
 
-from mpicd import metrics
+from mpicd.evaluation import metrics
 
 
 def test_recall_minority_balanced_and_accuracy():

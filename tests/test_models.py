@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from conftest import require_pneumonia
-from mpicd.config import ConfigError
-from mpicd.models import build_model, describe, num_parameters
+from mpicd.config.sections import ConfigError
+from mpicd.models.networks import build_model, describe, num_parameters
 
 
 def conv_params(c_in, c_out, k):

@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 import torch
 
-from mpicd import checkpoint
-from mpicd.results import Results
-from mpicd.sweep import load_sweep
+from mpicd.run import checkpoint
+from mpicd.results.file import Results
+from mpicd.sweep.grid import load_sweep
 
 from conftest import DRIVERS, QUICKSTART, ROOT, is_timing, mpi_env, mpiexec
 

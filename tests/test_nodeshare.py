@@ -4,7 +4,7 @@ through an MPI shared-memory window, bit for bit what a private load gives, erro
 import numpy as np
 import pytest
 
-from mpicd.results import Results
+from mpicd.results.file import Results
 
 from conftest import DRIVERS, PNEUMONIA, QUICKSTART, ROOT, is_timing, mpiexec
 
@@ -77,8 +77,8 @@ def test_too_little_shared_memory_is_a_config_error(tmp_path):
     """The window's backing folder (/dev/shm) must hold the dataset, or a message instead of SIGBUS."""
     import shutil
 
-    from mpicd.config import ConfigError
-    from mpicd.nodeshare import check_room
+    from mpicd.config.sections import ConfigError
+    from mpicd.data.node_shared import check_room
 
     free = shutil.disk_usage(tmp_path).free
     check_room(free // 2, str(tmp_path))

@@ -1,4 +1,4 @@
-"""mpicd.optim against torch.optim itself (the independent reference): same parameters, same state,
+"""mpicd.models.optim against torch.optim itself (the independent reference): same parameters, same state,
 bit for bit, step after step; state dicts interchangeable; and a real run never imports torch._dynamo."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import re
 import pytest
 import torch
 
-from mpicd import optim
-from mpicd.client import make_optimizer
-from mpicd.config import TrainConfig
+from mpicd.models import optim
+from mpicd.run.client import make_optimizer
+from mpicd.config.sections import TrainConfig
 
 from conftest import DRIVERS, QUICKSTART, mpiexec
 
@@ -78,7 +78,7 @@ def test_steps_are_bit_identical_to_torch_optim(kind, hyper):
 
 @pytest.mark.parametrize("kind,hyper", [CASES[1], CASES[5]])
 def test_state_dicts_cross_over_both_ways(kind, hyper):
-    """A checkpoint written by torch.optim resumes in mpicd.optim and vice versa, and the run
+    """A checkpoint written by torch.optim resumes in mpicd.models.optim and vice versa, and the run
     continues exactly as one that never stopped."""
     straight = _model()
     opt = _reference(kind, straight.parameters(), hyper)

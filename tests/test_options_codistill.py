@@ -18,9 +18,9 @@ from torch import nn
 
 from mpicd.algorithms import Batch, Context, resolve
 from mpicd.algorithms.codistill import CoDistillation, teacher_assignment
-from mpicd.config import ADDED_LATER, Config, ConfigError, config_difference, to_mapping
-from mpicd.models import FeatureHeadModel
-from mpicd.results import Results
+from mpicd.config.sections import ADDED_LATER, Config, ConfigError, config_difference, to_mapping
+from mpicd.models.networks import FeatureHeadModel
+from mpicd.results.file import Results
 
 from conftest import QUICKSTART, is_timing, mpicd_cli, mpicd_run, mpiexec
 

@@ -3,7 +3,7 @@ fresh optimizer at the start of every round's local training) and ``train.loss: 
 (cross-entropy weighted by the inverse class frequency of the client's own training split).
 
 Expected values come from elsewhere than the code under test: torch.optim.Adam / SGD built fresh
-(an independent implementation of mpicd/optim.py's arithmetic), Adam's first-step formula, and the
+(an independent implementation of mpicd/models/optim.py's arithmetic), Adam's first-step formula, and the
 weighted cross-entropy written out by hand (numbers in the comments; float64 numpy on real clients).
 """
 
@@ -17,10 +17,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mpicd.client import Client, balanced_weights, batch_bounds, make_optimizer
-from mpicd.config import ADDED_LATER, Config, ConfigError, TrainConfig, config_difference, load_config, to_mapping
-from mpicd.plan import prepare
-from mpicd.results import Results
+from mpicd.run.client import Client, balanced_weights, batch_bounds, make_optimizer
+from mpicd.config.sections import (
+    ADDED_LATER,
+    Config,
+    ConfigError,
+    TrainConfig,
+    config_difference,
+    load_config,
+    to_mapping,
+)
+from mpicd.run.plan import prepare
+from mpicd.results.file import Results
 
 from conftest import QUICKSTART, is_timing, mpicd_cli, mpicd_run, mpiexec
 

@@ -13,8 +13,8 @@ import re
 import numpy as np
 import pytest
 
-from mpicd.results import Results
-from mpicd.sweep import load_sweep
+from mpicd.results.file import Results
+from mpicd.sweep.grid import load_sweep
 
 from conftest import QUICKSTART, is_timing, mpicd_run, mpiexec
 

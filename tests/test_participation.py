@@ -1,11 +1,11 @@
-"""mpicd.participation: the round's sample of clients, and co-distillation's teachers among them
+"""mpicd.run.participation: the round's sample of clients, and co-distillation's teachers among them
 (end to end, on several layouts: tests/test_clients_per_rank.py)."""
 
 import numpy as np
 import pytest
 
 from mpicd.algorithms.codistill import teacher_assignment
-from mpicd.participation import participants, sample_size
+from mpicd.run.participation import participants, sample_size
 
 
 @pytest.mark.parametrize(

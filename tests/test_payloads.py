@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 
 from mpicd.algorithms import REGISTRY, Sizes, payload_table, resolve
-from mpicd.channels import CHANNELS, payload_channel
-from mpicd.ledger import KINDS
-from mpicd.models import build_model
-from mpicd.results import Results
+from mpicd.mpi.channels import CHANNELS, payload_channel
+from mpicd.mpi.accounting import KINDS
+from mpicd.models.networks import build_model
+from mpicd.results.file import Results
 
 from conftest import DRIVERS, ROOT, mpiexec, require_pneumonia
 from drivers.driver_settings import PAYLOAD_VARIANTS
 
-# P by hand from the layer shapes in mpicd/models.py (weights + biases), 1 grey channel, C = 2.
+# P by hand from the layer shapes in mpicd/models/networks.py (weights + biases), 1 grey channel, C = 2.
 LENET_P = (
     (6 * 1 * 5 * 5 + 6)  # conv 5x5, 1 -> 6
     + (16 * 6 * 5 * 5 + 16)  # conv 5x5, 6 -> 16

@@ -19,7 +19,10 @@ from scipy.stats import norm
 
 from conftest import require_pneumonia
 from mpicd.algorithms.aggregate import PerClassMeans
-from mpicd.privacy import accountant, audit, secret, streams
+from mpicd.privacy import accountant
+from mpicd.privacy import audit
+from mpicd.privacy import secret
+from mpicd.privacy import streams
 from mpicd.privacy.clip import clip_rows
 from mpicd.privacy.gaussian import gaussian_sum, noise_std, release_multiplier
 from mpicd.privacy.release import (
@@ -308,7 +311,7 @@ def test_epsilon_from_rates_by_hand():
 @pytest.fixture(scope="module")
 def normal_features():
     """LeNet (seeds.INIT) features of real PneumoniaMNIST training images of class 0 (normal)."""
-    from mpicd.config import DataConfig
+    from mpicd.config.sections import DataConfig
     from mpicd.data import load_dataset
 
     ds = load_dataset(DataConfig(name="medmnist", path=str(require_pneumonia())))

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from conftest import DRIVERS, mpiexec
-from mpicd import seeds
-from mpicd.results import Results
+from mpicd.core import seeds
+from mpicd.results.file import Results
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_a_student_subtracts_its_teachers_noise_only_when_it_is_seeded(attacked,
 
 def test_verify_and_the_report_mark_a_seeded_run_not_private(attacked):
     from mpicd import report
-    from mpicd.verify import verify
+    from mpicd.results.verify import verify
 
     seeded, private = verify(attacked / "seeded.h5"), verify(attacked / "secret.h5")
     assert seeded.ok and private.ok, (seeded.text(), private.text())
@@ -76,7 +76,7 @@ def test_verify_and_the_report_mark_a_seeded_run_not_private(attacked):
 
 def test_key_dir_with_seeded_noise_is_refused():
     from conftest import QUICKSTART
-    from mpicd.config import ConfigError, load_config
+    from mpicd.config.sections import ConfigError, load_config
 
     with pytest.raises(ConfigError) as err:
         load_config(QUICKSTART, ["privacy={noise_multiplier: 1, noise: seeded, key_dir: keys}"])

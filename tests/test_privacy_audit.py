@@ -16,12 +16,12 @@ import torch
 
 from privacy_context import context, private_settings
 from conftest import QUICKSTART, ROOT, mpiexec, require_pneumonia
-from mpicd import seeds
+from mpicd.core import seeds
 from mpicd.algorithms import resolve
 from mpicd.algorithms.aggregate import PerClassMeans, private_class_payload
 from mpicd.algorithms.codistill import CoDistillation
-from mpicd.config import load_config
-from mpicd.models import build_model
+from mpicd.config.sections import load_config
+from mpicd.models.networks import build_model
 from mpicd.privacy import audit
 from mpicd.privacy.streams import ATTACK
 
@@ -35,7 +35,7 @@ def null_sd(members: int, non_members: int) -> float:
 def vectors():
     """(features, logits, labels) of the project's LeNet (seeds.INIT) on 500 real PneumoniaMNIST
     training images of each class."""
-    from mpicd.config import DataConfig
+    from mpicd.config.sections import DataConfig
     from mpicd.data import load_dataset
 
     ds = load_dataset(DataConfig(name="medmnist", path=str(require_pneumonia())))
@@ -217,7 +217,7 @@ def test_final_models_are_the_models_the_last_round_evaluated(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     plan_cfg = load_config(QUICKSTART, ["clients=2", "rounds=2", "algorithm=fedavg"])
-    from mpicd.plan import prepare
+    from mpicd.run.plan import prepare
 
     plan = prepare(plan_cfg)
     ds, cfg = plan.dataset, plan.config

@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from conftest import QUICKSTART, mpiexec, require_pneumonia
-from mpicd import seeds
-from mpicd.models import lenet, resnet18
-from mpicd.privacy import accountant, dpsgd
+from mpicd.core import seeds
+from mpicd.models.networks import lenet, resnet18
+from mpicd.privacy import accountant
+from mpicd.privacy import dpsgd
 from mpicd.privacy.secret import SecretStream, new_key
 from mpicd.privacy.streams import DPSGD_NOISE, DPSGD_SAMPLING
 
@@ -26,7 +27,7 @@ N, BATCH = 64, 16  # q = 1/4, Opacus' expected batch size 16
 
 @pytest.fixture(scope="module")
 def real_batch():
-    from mpicd.config import DataConfig
+    from mpicd.config.sections import DataConfig
     from mpicd.data import load_dataset
 
     ds = load_dataset(DataConfig(name="medmnist", path=str(require_pneumonia())))

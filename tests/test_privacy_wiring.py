@@ -18,15 +18,15 @@ import torch
 
 from privacy_context import context, private_settings
 from conftest import DRIVERS, QUICKSTART, mpicd_run, mpiexec
-from mpicd import seeds
+from mpicd.core import seeds
 from mpicd.algorithms import resolve
 from mpicd.algorithms.aggregate import private_class_payload
 from mpicd.algorithms.codistill import CoDistillation
-from mpicd.config import ConfigError, load_config, to_mapping
-from mpicd.plan import prepare
+from mpicd.config.sections import ConfigError, load_config, to_mapping
+from mpicd.run.plan import prepare
 from mpicd.privacy.budget import Budget, settings
 from mpicd.privacy.secret import SecretStream
-from mpicd.results import Results
+from mpicd.results.file import Results
 
 PRIVATE = "privacy={epsilon: 4, noise_multiplier: 2.0, sample_rate: 0.5}"
 RUN = ("clients=3", "rounds=6", PRIVATE)
@@ -94,7 +94,7 @@ def test_derived_sigma_keeps_every_planned_release_within_the_budget():
 
 
 def test_a_codistill_budget_that_can_run_out_is_refused_with_several_clients_per_rank():
-    from mpicd.loop import refuse_with_several_per_rank
+    from mpicd.run.loop import refuse_with_several_per_rank
 
     plan = prepare(load_config(QUICKSTART, ["clients=4", "clients_per_rank=balanced", PRIVATE]))
     with pytest.raises(ConfigError) as err:
@@ -233,7 +233,7 @@ def test_epsilon_per_round_equals_dp_accounting_and_stops_at_the_budget(private_
 
 
 def test_the_private_file_verifies(private_run):
-    from mpicd.verify import verify
+    from mpicd.results.verify import verify
 
     verdict = verify(private_run)
     assert verdict.ok, verdict.text()
@@ -278,7 +278,7 @@ def test_dpsgd_epsilon_is_its_steps_and_the_budget_stops_its_share(dpsgd_run, tm
     """FedAvg and FedAMP with DP-SGD, 2 local epochs: each round 2 x int(1 / q) Poisson-sampled steps
     (Opacus' count) at q = 1 / ceil(n / 32), multiplier sigma = 2 (no counts), accounted by
     dp-accounting directly; bytes as declared."""
-    from mpicd.verify import verify
+    from mpicd.results.verify import verify
 
     algorithm, path, keys = dpsgd_run
     res = Results(path)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from mpicd import checkpoint, exclusive
+from mpicd.run import checkpoint
+from mpicd.core import exclusive
 
 from conftest import QUICKSTART, mpiexec
 
@@ -147,7 +148,7 @@ def test_a_killed_writes_temporary_file_is_cleared_with_the_new_names(tmp_path):
 
 
 def test_the_output_probe_leaves_nothing_and_never_follows_a_link(tmp_path):
-    from mpicd.results import check_output_location
+    from mpicd.results.file import check_output_location
 
     target = tmp_path / "victim"
     target.write_bytes(b"untouched")

@@ -4,8 +4,8 @@ the loader validates against, and they name every key the loader accepts."""
 import re
 
 from mpicd.algorithms import REGISTRY
-from mpicd.config_text import config_tables
-from mpicd.config import Config, to_mapping
+from mpicd.config.text import config_tables
+from mpicd.config.sections import Config, to_mapping
 
 from conftest import ROOT
 
@@ -43,7 +43,7 @@ def test_every_key_the_loader_accepts_is_in_the_tables():
 
 
 def test_readme_results_layout_is_generated():
-    from mpicd.results import layout, layout_table
+    from mpicd.results.file import layout, layout_table
 
     begin, end = "<!-- results layout: begin -->", "<!-- results layout: end -->"
     text = (ROOT / "README.md").read_text()
@@ -116,7 +116,7 @@ GUIDE_EDITS = {  # what each guide tells the reader to change in existing files:
             '    "covid": covid.load,\n    "table": table.load,\n',
         ),
         (
-            "mpicd/config.py",
+            "mpicd/config/sections.py",
             '    name: Literal["breast_cancer", "medmnist", "aptos", "covid"] = spec(\n',
             '    name: Literal["breast_cancer", "medmnist", "aptos", "covid", "table"] = spec(\n',
         ),

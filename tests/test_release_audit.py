@@ -1,4 +1,4 @@
-"""The audit that tells epsilon from 2 epsilon (mpicd.privacy.tradeoff, mpicd.release_audit).
+"""The audit that tells epsilon from 2 epsilon (mpicd.privacy.tradeoff, mpicd.bench.release_audit).
 
 Expected values are derived by hand, not from the code under test: the Gaussian trade-off curve
 Phi(Phi^-1(FPR) + sqrt(T) / sigma) for the accountant's region; the means and spreads of each
@@ -18,8 +18,9 @@ import pytest
 from scipy.stats import norm
 
 from conftest import require_pneumonia
-from mpicd import release_audit
-from mpicd.privacy import accountant, tradeoff
+from mpicd.bench import release_audit
+from mpicd.privacy import accountant
+from mpicd.privacy import tradeoff
 from mpicd.privacy.budget import Settings
 
 DELTA = 1e-5
@@ -86,7 +87,7 @@ def test_family_epsilon_brackets_the_true_epsilon():
 def vectors():
     """LeNet (seeds.INIT) features and logits of 100 real PneumoniaMNIST training images per class,
     and of one test image (the canary's direction); the images of 127 others (DP-SGD's D)."""
-    from mpicd.config import DataConfig
+    from mpicd.config.sections import DataConfig
     from mpicd.data import load_dataset
     from mpicd.privacy import audit
 

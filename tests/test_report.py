@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from mpicd.ledger import KINDS
+from mpicd.mpi.accounting import KINDS
 from mpicd.report import (
     OPERATIONAL,
     ReportError,
@@ -136,7 +136,7 @@ def test_operational_keys_are_one_documented_constant():
         "debug",
         "timeout",
         "eval",
-        "clients_per_rank",  # how the clients are laid out on ranks: the same results (mpicd.layout)
+        "clients_per_rank",  # how the clients are laid out on ranks: the same results (mpicd.mpi.assignment)
         "privacy.key_dir",  # where a site keeps its secret keys (the keys themselves are no config)
     }
 

@@ -4,7 +4,7 @@ import h5py
 import numpy as np
 import pytest
 
-from mpicd.results import Results
+from mpicd.results.file import Results
 
 from conftest import DRIVERS, mpiexec
 

@@ -1,6 +1,6 @@
 """A self-describing results file: every axis an HDF5 dimension scale (netCDF-4 semantics, so xarray
 opens a group with named dims and coordinates), every dataset with units and a description taken
-from the one declaration in mpicd/results.py (layout()), whichever writer wrote it."""
+from the one declaration in mpicd/results/file.py (layout()), whichever writer wrote it."""
 
 import textwrap
 
@@ -8,10 +8,10 @@ import h5py
 import numpy as np
 import pytest
 
-from mpicd.channels import CHANNELS
-from mpicd.ledger import KINDS
-from mpicd.results import DIMENSIONS, Results, is_scale, layout
-from mpicd.verify import verify
+from mpicd.mpi.channels import CHANNELS
+from mpicd.mpi.accounting import KINDS
+from mpicd.results.file import DIMENSIONS, Results, is_scale, layout
+from mpicd.results.verify import verify
 
 from conftest import DRIVERS, QUICKSTART, mpicd_run, mpiexec
 
@@ -165,10 +165,10 @@ RESUME = textwrap.dedent(
     import sys
     from pathlib import Path
     import numpy as np
-    from mpicd.client import EpochLoss, Scores
-    from mpicd.comm import KINDS, Comm, Traffic
-    from mpicd.results import ResultsWriter, RoundRow
-    from mpicd.runtime import abort_on_exception
+    from mpicd.run.client import EpochLoss, Scores
+    from mpicd.mpi.comm import KINDS, Comm, Traffic
+    from mpicd.results.file import ResultsWriter, RoundRow
+    from mpicd.mpi.placement import abort_on_exception
 
     comm = Comm()
     rank, size = comm.rank, comm.size

@@ -1,6 +1,6 @@
 """Results as pandas frames, on real files of one packed mpiexec job (co-distillation and local
 training, two seeds each, on the natural-prevalence partition): ``Results.to_frame()`` names the
-classes and carries config columns, ``mpicd.results.load`` stacks many files with the config keys
+classes and carries config columns, ``mpicd.results.file.load`` stacks many files with the config keys
 that differ between them, and ``mpicd report --versus-metric recall:<class>`` scores one class's
 recall by name. Every expected value is read from the files with h5py and yaml, not with mpicd."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
-from mpicd.config import DataConfig
+from mpicd.config.sections import DataConfig
 from mpicd.data import load_dataset
-from mpicd.results import Results, ResultsFileError, load
+from mpicd.results.file import Results, ResultsFileError, load
 
 from conftest import QUICKSTART, mpicd_cli, mpiexec
 

@@ -14,8 +14,8 @@ import h5py
 import numpy as np
 import pytest
 
-from mpicd import checkpoint
-from mpicd.results import Results
+from mpicd.run import checkpoint
+from mpicd.results.file import Results
 
 from conftest import DRIVERS, PNEUMONIA, QUICKSTART, ROOT, is_timing, mpi_env, mpicd_run, mpiexec
 

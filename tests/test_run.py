@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from mpicd.results import Results
+from mpicd.results.file import Results
 
 from conftest import DRIVERS, QUICKSTART, ROOT, is_timing, mpi_env, mpicd_cli, mpicd_run, mpiexec
 

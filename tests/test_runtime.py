@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-from mpicd.config import ConfigError
-from mpicd.runtime import choose_device, cpu_threads, gpu_for, visible_gpus
+from mpicd.config.sections import ConfigError
+from mpicd.mpi.placement import choose_device, cpu_threads, gpu_for, visible_gpus
 
 from conftest import DRIVERS, mpiexec
 

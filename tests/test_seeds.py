@@ -1,7 +1,7 @@
 """Random streams: distinct (purpose, key) pairs never share a stream, checked three ways.
 
 1. The aliases of the old encoding (a trailing 0, a key word >= 2**32) are gone.
-2. The proof in mpicd/seeds.py holds for the installed numpy: SeedSequence is inverted by hand
+2. The proof in mpicd/core/seeds.py holds for the installed numpy: SeedSequence is inverted by hand
    (its published constants and steps, written out here), so the four key words are recovered
    from the generator's state, and PCG64's state is the seeding formula applied to them.
 3. Every stream of a run is distinct: all streams of N clients x R rounds x E epochs x C classes
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpicd import seeds
+from mpicd.core import seeds
 
 from conftest import DRIVERS, QUICKSTART, ROOT, mpiexec
 
@@ -219,7 +219,7 @@ def test_a_real_run_draws_only_enumerated_distinct_streams(tmp_path):
     shapes = {(kind, purpose, len(names)) for kind, purpose, names in STREAMS}
     seen, by_name = set(), {}
     for call in calls:
-        if call["kind"] == "foreign":  # a SeedSequence made outside mpicd.seeds
+        if call["kind"] == "foreign":  # a SeedSequence made outside mpicd.core.seeds
             by_name.setdefault(("foreign", tuple(call["entropy"])), set()).add(tuple(call["state"]))
             continue
         kind, purpose, key = call["kind"], call["purpose"], tuple(call["key"])

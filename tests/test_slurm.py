@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from mpicd.results import Results
+from mpicd.results.file import Results
 
 from conftest import QUICKSTART, ROOT, is_timing, mpi_env
 
@@ -237,7 +237,7 @@ def swept(slurm, tmp_path_factory):
 
 
 def sweep_outputs(sweep: Path) -> list[Path]:
-    from mpicd.sweep import load_sweep
+    from mpicd.sweep.grid import load_sweep
 
     return [run.output for run in load_sweep(sweep)]
 
@@ -403,7 +403,7 @@ def test_usr1_near_the_time_limit_requeues_and_the_run_resumes_exactly(slurm, tm
     """Slurm's --signal=B:USR1 reaches the batch script, which passes it to srun and the ranks:
     they checkpoint at a round boundary and exit 75, the script requeues the job, the requeued
     job resumes; the file equals an uninterrupted run's (timings aside)."""
-    from mpicd import checkpoint
+    from mpicd.run import checkpoint
 
     from conftest import mpicd_run
 

@@ -1,4 +1,4 @@
-"""Where a run starts (mpicd/startpoint.py) and per-run checkpoints (mpicd/checkpoint.py): the rule
+"""Where a run starts (mpicd/run/startpoint.py) and per-run checkpoints (mpicd/run/checkpoint.py): the rule
 on synthetic inputs, checkpoint retention across runs sharing a folder, then the issue's three
 reproductions and the interrupts under real MPI.
 
@@ -32,12 +32,12 @@ import pytest
 import torch
 import yaml
 
-from mpicd import checkpoint
+from mpicd.run import checkpoint
 from mpicd.algorithms import resolve
-from mpicd.config import ConfigError, load_config, to_mapping
-from mpicd.results import Results
-from mpicd.startpoint import Found, Start, decide, inspect
-from mpicd.verify import verify
+from mpicd.config.sections import ConfigError, load_config, to_mapping
+from mpicd.results.file import Results
+from mpicd.run.startpoint import Found, Start, decide, inspect
+from mpicd.results.verify import verify
 
 from conftest import DRIVERS, QUICKSTART, ROOT, is_timing, mpi_env, mpiexec
 
@@ -161,7 +161,7 @@ def test_resume_continues_the_files_run_up_to_its_completed_rounds(tmp_path):
 def test_resume_of_a_file_lacking_a_dataset_this_version_writes_is_refused(tmp_path):
     # a file of an mpicd from before /diag: this version's per-round rows could not be written into it
     written = {"metrics/minority_acc", "metrics/recall", "comm/bytes_sent", "comm/teacher", "diag/cka_teacher"}
-    from mpicd.results import columns
+    from mpicd.results.file import columns
 
     every = frozenset(col.path for col in columns(2))
     assert written <= every

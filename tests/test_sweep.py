@@ -8,9 +8,9 @@ import sys
 import pytest
 import yaml
 
-from mpicd.config import ConfigError
-from mpicd.results import Results
-from mpicd.sweep import is_done, load_sweep
+from mpicd.config.sections import ConfigError
+from mpicd.results.file import Results
+from mpicd.sweep.grid import is_done, load_sweep
 
 from conftest import QUICKSTART, ROOT, mpi_env, mpiexec
 
@@ -128,7 +128,7 @@ def test_a_key_older_files_lack_counts_as_what_older_versions_did():
     """Only the keys of ADDED_LATER: on_nonfinite (no check before: abort for a finished run) and
     FedAMP's exchange (always the Allgather before); any other missing key is a difference."""
     from mpicd.algorithms import REGISTRY
-    from mpicd.config import Config, config_difference, to_mapping
+    from mpicd.config.sections import Config, config_difference, to_mapping
     from mpicd.report import MISSING, Cell
 
     def resolved(name, **algorithm):

@@ -26,7 +26,7 @@ import torch
 
 from mpicd.algorithms.base import Context
 from mpicd.algorithms.codistill import CoDistillation, CoDistillParams
-from mpicd.models import build_model
+from mpicd.models.networks import build_model
 
 SEEDS = 20
 ROUNDS = 100  # M = 2000 draws per client
@@ -63,7 +63,7 @@ def statistic(counts: np.ndarray) -> float:
 
 
 class NoComm:
-    """Stands in for mpicd.comm.Comm: the teacher's message is dropped, the student's 'arrives'."""
+    """Stands in for mpicd.mpi.comm.Comm: the teacher's message is dropped, the student's 'arrives'."""
 
     def __init__(self, rank: int, size: int):
         self.rank, self.size = rank, size

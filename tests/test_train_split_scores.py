@@ -3,7 +3,7 @@
 Under a real mpiexec this file is also the driver (``__main__`` below): ``mpicd run`` in-process,
 saving each rank's model right after every round's training (the model that round evaluates), so
 the test can score it on the client's training images on its own: the partition rebuilt from the
-config (mpicd.plan.prepare), the model rebuilt and loaded, predictions and recalls in plain numpy.
+config (mpicd.run.plan.prepare), the model rebuilt and loaded, predictions and recalls in plain numpy.
 The saving touches no random stream and no model, and both sides of the on/off comparison run it.
 """
 
@@ -47,9 +47,9 @@ def independent_scores(out: Path) -> dict[str, np.ndarray]:
     """train_* recomputed from the saved models and the rebuilt partition, (rounds, clients[, classes])."""
     import torch
 
-    from mpicd.config import load_config
-    from mpicd.models import build_model
-    from mpicd.plan import prepare
+    from mpicd.config.sections import load_config
+    from mpicd.models.networks import build_model
+    from mpicd.run.plan import prepare
 
     cfg = load_config(QUICKSTART, (out / "overrides.txt").read_text().splitlines())
     plan = prepare(cfg)
@@ -84,7 +84,7 @@ def independent_scores(out: Path) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("name", ["on", "centralized"])
 def test_train_scores_are_the_models_scores_on_its_own_training_images(runs, name):
-    from mpicd.results import Results
+    from mpicd.results.file import Results
 
     res, expected = Results(runs[name] / "run.h5"), independent_scores(runs[name])
     for metric in TRAIN:
@@ -96,7 +96,7 @@ def test_train_scores_are_the_models_scores_on_its_own_training_images(runs, nam
 
 
 def test_off_by_default_and_nan(runs):
-    from mpicd.results import Results
+    from mpicd.results.file import Results
 
     res = Results(runs["off"] / "run.h5")
     assert res.config["eval"]["train_split"] is False
@@ -133,7 +133,7 @@ def test_verify_checks_train_scores_only_when_on(runs, tmp_path):
 
     import h5py
 
-    from mpicd.verify import verify
+    from mpicd.results.verify import verify
 
     assert verify(runs["on"] / "run.h5").ok, verify(runs["on"] / "run.h5").text()
     assert verify(runs["off"] / "run.h5").ok, verify(runs["off"] / "run.h5").text()

@@ -1,4 +1,4 @@
-"""``mpicd verify FILE...`` (mpicd/verify.py): real runs' files pass; a copy broken in exactly one of
+"""``mpicd verify FILE...`` (mpicd/results/verify.py): real runs' files pass; a copy broken in exactly one of
 the promises verify claims to check fails (exit 1) naming that problem and no other.
 
 One MPI job of 3 ranks (tests/drivers/runs.py) writes the three files every test starts from:
@@ -23,14 +23,14 @@ import pytest
 import yaml
 
 from mpicd import cli
-from mpicd.channels import CHANNELS
-from mpicd.results import is_scale
+from mpicd.mpi.channels import CHANNELS
+from mpicd.results.file import is_scale
 
 from conftest import DRIVERS, QUICKSTART, ROOT, mpi_env, mpicd_run, mpiexec
 
 RANKS, ROUNDS, EVERY = 3, 5, 2
 EVALUATED = [1, 3, 4]  # 0-based rounds 2 and 4 (every 2nd) and 5 (the last) of the eval.every=2 run
-# The quick-start model, by hand from mpicd/models.py's mlp(): the 30 breast-cancer features ->
+# The quick-start model, by hand from mpicd/models/networks.py's mlp(): the 30 breast-cancer features ->
 # Linear(30, 64) -> ReLU -> Linear(64, D = 200) -> Tanh, then the head Linear(200, C = 2).
 D = 200
 MLP_P = (30 * 64 + 64) + (64 * D + D) + (D * 2 + 2)
@@ -514,7 +514,7 @@ def test_a_complete_file_without_its_outside_bytes_is_named(capsys, tmp_path, ru
     assert_one_problem(capsys, path, r"a complete file without its bytes outside rounds \(/comm/outside_rounds is -1\)")
 
 
-# ------------------------------------------------------------------ bytes per channel (mpicd.channels)
+# ------------------------------------------------------------------ bytes per channel (mpicd.mpi.channels)
 
 
 def channel_index(f, name: str) -> int:

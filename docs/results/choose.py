@@ -36,7 +36,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mpicd.report.ledger import load  # noqa: E402
-from mpicd.sweep import load_sweep  # noqa: E402
+from mpicd.sweep.grid import load_sweep  # noqa: E402
 
 LAST = 10
 REFERENCE = [{"name": "local"}, {"name": "fedavg"}, {"name": "centralized"}]
@@ -202,7 +202,7 @@ def privacy_sweeps(dataset: str, chosen: dict, note: str) -> list[str]:
     """
     import math
 
-    from mpicd.config import load_config
+    from mpicd.config.sections import load_config
     from mpicd.data.partition import kept_after_skew
     from mpicd.privacy import accountant
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from mpicd.report.ledger import load  # noqa: E402
 from mpicd.report.stats import t_quantile  # noqa: E402
-from mpicd.sweep import load_sweep  # noqa: E402
+from mpicd.sweep.grid import load_sweep  # noqa: E402
 
 DATASETS = {"retinamnist": "RetinaMNIST", "pneumoniamnist": "PneumoniaMNIST"}
 STAGES = ("fairness-reset", "fairness-termmean", "fairness-balanced")

@@ -20,8 +20,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mpicd.schema import ConfigError  # noqa: E402
-from mpicd.sweep import load_sweep  # noqa: E402
+from mpicd.core.schema import ConfigError  # noqa: E402
+from mpicd.sweep.grid import load_sweep  # noqa: E402
 
 # run.sh's stages, in its order: (letter, dataset, sweeps)
 STAGES = (

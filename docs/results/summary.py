@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from mpicd.report import ReportError, collect, group, versus  # noqa: E402
 from mpicd.report.ledger import load as load_ledger  # noqa: E402
-from mpicd.sweep import load_sweep  # noqa: E402
+from mpicd.sweep.grid import load_sweep  # noqa: E402
 
 ALPHA = 0.05
 SKEWS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9)

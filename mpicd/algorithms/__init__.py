@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from ..schema import ConfigError, from_mapping
-from .base import Algorithm, Batch, Context, Payload, Sizes
-from .centralized import Centralized
-from .codistill import CoDistillation
-from .fedamp import FedAMP
-from .fedavg import FedAvg
-from .feddistill import FedDistill
-from .fedproto import FedProto
-from .local import LocalOnly
+from mpicd.core.schema import ConfigError, from_mapping
+from mpicd.algorithms.base import Algorithm, Batch, Context, Payload, Sizes
+from mpicd.algorithms.centralized import Centralized
+from mpicd.algorithms.codistill import CoDistillation
+from mpicd.algorithms.fedamp import FedAMP
+from mpicd.algorithms.fedavg import FedAvg
+from mpicd.algorithms.feddistill import FedDistill
+from mpicd.algorithms.fedproto import FedProto
+from mpicd.algorithms.local import LocalOnly
 
 REGISTRY: dict[str, type[Algorithm]] = {
     CoDistillation.name: CoDistillation,

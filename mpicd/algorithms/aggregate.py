@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..privacy.release import class_sums_payload, private_class_sums
-from ..privacy.sampling import poisson_subset
+from mpicd.privacy.release import class_sums_payload, private_class_sums
+from mpicd.privacy.sampling import poisson_subset
 
 
 def averaged_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -144,8 +144,8 @@ def allreduce_over_clients(
 ) -> np.ndarray:
     """The sum of every participating client's contribution: without a layout its ``allreduce_sum``;
     else the rank sums its clients' first (zeros like ``template`` if none takes part), then one
-    Allreduce (:meth:`mpicd.comm.Comm.allreduce_sum_clients`). ``reduction: exact``: integer sums,
-    the same bits on every layout (:meth:`mpicd.comm.Comm.allreduce_sum_exact`)."""
+    Allreduce (:meth:`mpicd.mpi.comm.Comm.allreduce_sum_clients`). ``reduction: exact``: integer sums,
+    the same bits on every layout (:meth:`mpicd.mpi.comm.Comm.allreduce_sum_exact`)."""
     if reduction == "exact":
         return ctx.comm.allreduce_sum_exact(
             contributions, template, ctx.size, per_client=not one_per_rank(ctx), channel="payload"
@@ -177,7 +177,7 @@ REDUCTION_DOC = (
 
 def allgather_over_clients(ctx, blocks: dict[int, np.ndarray]) -> np.ndarray:
     """Every client's block in client order: with one client per rank an ``allgather``, else one
-    Allgatherv of each rank's clients' blocks (:meth:`mpicd.comm.Comm.allgather_clients`)."""
+    Allgatherv of each rank's clients' blocks (:meth:`mpicd.mpi.comm.Comm.allgather_clients`)."""
     if one_per_rank(ctx):
         (only,) = blocks.values()
         return ctx.comm.allgather(only, channel="payload")

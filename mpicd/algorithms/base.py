@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import torch
 
-from ..schema import ConfigError
-from ..ledger import KINDS
-from ..models import FeatureHeadModel, num_parameters
+from mpicd.core.schema import ConfigError
+from mpicd.mpi.accounting import KINDS
+from mpicd.models.networks import FeatureHeadModel, num_parameters
 
 if TYPE_CHECKING:  # the comm layer imports MPI; `mpicd check` must work without it
-    from ..comm import Comm
-    from ..privacy.budget import Budget
+    from mpicd.mpi.comm import Comm
+    from mpicd.privacy.budget import Budget
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Context:
 
     ``rank`` and ``size`` are the client's index and the number of clients (their names from when
     a client was always a rank: with ``clients_per_rank: one`` they are the MPI rank and size);
-    ``comm.rank`` is the MPI rank, ``owner[i]`` the rank holding client i (:mod:`mpicd.layout`).
+    ``comm.rank`` is the MPI rank, ``owner[i]`` the rank holding client i (:mod:`mpicd.mpi.assignment`).
     """
 
     comm: "Comm"
@@ -43,7 +43,7 @@ class Context:
     train_y: torch.Tensor
     client: int | None = None  # this client's index (None: the MPI rank)
     owner: np.ndarray | None = None  # (clients,) the rank of every client (None: client i on rank i)
-    participants: np.ndarray | None = None  # the round's participating clients (None: all; mpicd.participation)
+    participants: np.ndarray | None = None  # the round's participating clients (None: all; mpicd.run.participation)
     privacy: "Budget | None" = None  # this client's privacy budget (mpicd.privacy.budget; None: privacy off)
 
     @property
@@ -125,14 +125,14 @@ class Payload:
     and S, the number of students it serves in the round (co-distillation's plan): what it sends
     and receives in a deployment with one site per client, and with one client per rank what its
     rank sends and receives. ``rank_sent`` / ``rank_recv``: what crosses MPI from a rank that holds
-    K clients (mpicd.layout), T the rows it sends (co-distillation: for each other rank, its
+    K clients (mpicd.mpi.assignment), T the rows it sends (co-distillation: for each other rank, its
     teachers with a student there) and U the rows it receives (the teachers on other ranks of its
     clients); empty: the same as ``sent`` / ``recv`` (a rank sums its clients' contributions).
     With K = 1, T = S and U = 1 they are ``sent`` / ``recv``. ``when``: the option values under
     which it applies (empty: always).
     """
 
-    kind: str  # one of mpicd.ledger.KINDS
+    kind: str  # one of mpicd.mpi.accounting.KINDS
     what: str
     shape: str
     sent: str
@@ -140,7 +140,7 @@ class Payload:
     when: tuple[tuple[str, object], ...] = ()
     rank_sent: str = ""
     rank_recv: str = ""
-    dtypes: tuple[str, ...] = ("float32",)  # what its buffers may be (mpicd.channels: others are refused)
+    dtypes: tuple[str, ...] = ("float32",)  # what its buffers may be (mpicd.mpi.channels: others are refused)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -172,7 +172,7 @@ class Algorithm:
     payloads: ClassVar[tuple[Payload, ...]] = ()  # what leaves a rank each round, per option; none: nothing
     dpsgd: ClassVar[bool] = False  # True: with privacy, the local training is DP-SGD (it shares models)
     # True: every client ends a round holding the same predictor (FedAvg's global model), so a rank's
-    # clients whose predictor_tensors are equal bit for bit are evaluated once (mpicd.evaluation).
+    # clients whose predictor_tensors are equal bit for bit are evaluated once (mpicd.evaluation.predictors).
     # False (personalised models): every client is evaluated itself, whatever its tensors.
     shared_at_evaluation: ClassVar[bool] = False
 
@@ -208,7 +208,7 @@ class Algorithm:
 
     @classmethod
     def bytes_per_round(cls, sizes: Sizes, params, students: int = 0) -> dict[str, tuple[int, int]]:
-        """This rank's (sent, received) bytes in one round for every kind of :data:`mpicd.ledger.KINDS`;
+        """This rank's (sent, received) bytes in one round for every kind of :data:`mpicd.mpi.accounting.KINDS`;
         ``students``: how many clients this rank teaches in the round (co-distillation)."""
         counts = dict.fromkeys(KINDS, (0, 0))
         payload = cls.payload_for(params)
@@ -265,7 +265,7 @@ class Algorithm:
         part in the round's remaining exchanges, contributing nothing. Default: nothing to do."""
 
     def privacy_spent(self, round_index: int) -> None:
-        """DP-SGD: this client's budget refused the round's steps (mpicd.client); from now on what it
+        """DP-SGD: this client's budget refused the round's steps (mpicd.run.client); from now on what it
         shares must be post-processing of its earlier private steps. Default: as a dropped update."""
         self.drop_update(round_index)
 

@@ -9,7 +9,7 @@ union from the dataset file itself: bytes per round per rank 0 (no ``payloads``)
 
 from __future__ import annotations
 
-from .base import Algorithm
+from mpicd.algorithms.base import Algorithm
 
 
 class Centralized(Algorithm):

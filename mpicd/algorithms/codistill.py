@@ -50,19 +50,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..schema import ConfigError, spec
-from .. import seeds
-from ..privacy.gaussian import gaussian_sum
-from ..privacy.sampling import poisson_subset
-from .aggregate import allgather_over_clients, eval_rows, one_per_rank
-from .base import Algorithm, Batch, Context, Payload, Sizes
+from mpicd.core.schema import ConfigError, spec
+from mpicd.core import seeds
+from mpicd.privacy.gaussian import gaussian_sum
+from mpicd.privacy.sampling import poisson_subset
+from mpicd.algorithms.aggregate import allgather_over_clients, eval_rows, one_per_rank
+from mpicd.algorithms.base import Algorithm, Batch, Context, Payload, Sizes
 
 MEAN_CHUNK = 256  # images per forward pass when a teacher averages its features
 
 
 def teacher_assignment(seed: int, round_index: int, clients: int, participants=None) -> np.ndarray:
     """t(i) for every client, uniform over the others; -1 everywhere for a single client.
-    ``participants`` (mpicd.participation; None: everyone): the draw is among them, as if they were
+    ``participants`` (mpicd.run.participation; None: everyone): the draw is among them, as if they were
     the only clients, and the others get -1."""
     if participants is not None:
         taking = np.asarray(participants, dtype=np.int64)

@@ -54,10 +54,10 @@ from typing import Literal, Union
 import numpy as np
 import torch
 
-from ..models import num_parameters
-from ..schema import ConfigError, spec
-from .base import Algorithm, Batch, Context, Payload
-from .aggregate import allgather_over_clients, assign, flatten
+from mpicd.models.networks import num_parameters
+from mpicd.core.schema import ConfigError, spec
+from mpicd.algorithms.base import Algorithm, Batch, Context, Payload
+from mpicd.algorithms.aggregate import allgather_over_clients, assign, flatten
 
 
 def squared_distances(models: np.ndarray, i: int) -> np.ndarray:
@@ -254,7 +254,7 @@ class FedAMP(Algorithm):
         self.xi: np.ndarray | None = None  # this rank's row of xi, last round
         self.cloud: list[torch.Tensor] | None = None  # u_i, shaped like the parameters (no grad)
 
-    dpsgd = True  # privacy: DP-SGD local training (mpicd.client), the proximal term added after the noise
+    dpsgd = True  # privacy: DP-SGD local training (mpicd.run.client), the proximal term added after the noise
     frozen: np.ndarray | None = None  # privacy: the model shared once the budget is spent
 
     @classmethod
@@ -295,7 +295,7 @@ class FedAMP(Algorithm):
         """The ring (one client per rank), or one Allgather(v) of the rank's clients' models, from
         which each client computes its own xi and u_i (the same numbers on any layout)."""
         if members[0].params.exchange == "ring":
-            (member,) = members  # mpicd.loop refuses the ring with several clients on a rank
+            (member,) = members  # mpicd.run.loop refuses the ring with several clients on a rank
             member._after_ring()
             return
         ctx = members[0].ctx

@@ -10,11 +10,11 @@ bit-identical models (MPI recommends, and Open MPI and MPICH deliver, the same r
 every rank; the tests check the bits at 2, 4 and 6 ranks). Bytes per round per rank (``payloads``):
 ``4 (P + B + 1)`` sent and received (kind ``allreduce``), B = floating buffer elements (0 for
 lenet, fedavgcnn and mlp; BatchNorm statistics for resnet18); ``reduction: exact`` (the same
-file on every layout of clients on ranks, mpicd.comm.Comm.allreduce_sum_exact): ``8 + 8 (P + B + 1)``.
+file on every layout of clients on ranks, mpicd.mpi.comm.Comm.allreduce_sum_exact): ``8 + 8 (P + B + 1)``.
 
 The optimizer's state (Adam's moments) stays on each client, as in FedAvg with local optimizers.
 
-With ``privacy`` the local training is DP-SGD (Opacus, mpicd/privacy/dpsgd.py, in mpicd.client):
+With ``privacy`` the local training is DP-SGD (Opacus, mpicd/privacy/dpsgd.py, in mpicd.run.client):
 every optimizer step is one Poisson-subsampled Gaussian release at q = 1 / ceil(n_i / batch_size)
 with multiplier sigma; a client whose budget is spent contributes nothing, as a dropped one.
 """
@@ -26,9 +26,9 @@ from typing import Literal
 
 import numpy as np
 
-from ..schema import spec
-from .aggregate import REDUCTION_DOC, allreduce_over_clients, assign, averaged_tensors, flatten
-from .base import Algorithm, Payload
+from mpicd.core.schema import spec
+from mpicd.algorithms.aggregate import REDUCTION_DOC, allreduce_over_clients, assign, averaged_tensors, flatten
+from mpicd.algorithms.base import Algorithm, Payload
 
 
 @dataclass
@@ -61,8 +61,8 @@ class FedAvg(Algorithm):
         ),
     )
 
-    dpsgd = True  # privacy: DP-SGD local training (mpicd.client), the average post-processing of it
-    shared_at_evaluation = True  # every client ends the round with the average (mpicd.evaluation)
+    dpsgd = True  # privacy: DP-SGD local training (mpicd.run.client), the average post-processing of it
+    shared_at_evaluation = True  # every client ends the round with the average (mpicd.evaluation.predictors)
 
     @classmethod
     def check_private(cls, params) -> None:
@@ -85,8 +85,8 @@ class FedAvg(Algorithm):
 
     @classmethod
     def after_round(cls, members: list["FedAvg"], round_index: int) -> None:
-        """The rank sums its participating clients' contributions, then one Allreduce (mpicd.comm);
-        every client takes the average (mpicd.participation)."""
+        """The rank sums its participating clients' contributions, then one Allreduce (mpicd.mpi.comm);
+        every client takes the average (mpicd.run.participation)."""
         mine = {m.ctx.rank: m.payload() for m in members if m.ctx.participating}
         template = mine[min(mine)] if mine else members[0].payload()
         total = allreduce_over_clients(members[0].ctx, mine, template, members[0].params.reduction)

@@ -17,7 +17,7 @@ has a teacher t.
   rank's own mean included.
 
 Bytes per round per rank (``payloads``): ``4 C (C + 1)`` sent and received (kind ``allreduce``),
-either way; ``reduction: exact`` (the same file on every layout, mpicd.comm.Comm.allreduce_sum_exact):
+either way; ``reduction: exact`` (the same file on every layout, mpicd.mpi.comm.Comm.allreduce_sum_exact):
 ``8 + 8 C (C + 1)``.
 """
 
@@ -30,9 +30,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..schema import spec
-from .base import Algorithm, Batch, Context, Payload
-from .aggregate import REDUCTION_DOC, PerClassMeans, allreduce_payloads, mean_over_clients, private_class_payload
+from mpicd.core.schema import spec
+from mpicd.algorithms.base import Algorithm, Batch, Context, Payload
+from mpicd.algorithms.aggregate import (
+    REDUCTION_DOC,
+    PerClassMeans,
+    allreduce_payloads,
+    mean_over_clients,
+    private_class_payload,
+)
 
 
 def teacher_logits(
@@ -131,8 +137,8 @@ class FedDistill(Algorithm):
 
     @classmethod
     def after_round(cls, members: list["FedDistill"], round_index: int) -> None:
-        """The rank sums its participating clients' payloads, then one Allreduce (mpicd.comm); a
-        client that sits the round out keeps what it had (mpicd.participation)."""
+        """The rank sums its participating clients' payloads, then one Allreduce (mpicd.mpi.comm); a
+        client that sits the round out keeps what it had (mpicd.run.participation)."""
         received = allreduce_payloads(members, round_index)
         for m in (m for m in members if m.ctx.participating):
             m.received = received

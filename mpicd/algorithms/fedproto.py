@@ -21,7 +21,7 @@ client had has no prototype. From the next round on the batch loss is
 (mean over those samples and the D coordinates). Models are never averaged.
 
 Bytes per round per rank (``payloads``): ``4 C (D + 1)`` sent and received (kind ``allreduce``),
-either way; ``reduction: exact`` (the same file on every layout, mpicd.comm.Comm.allreduce_sum_exact):
+either way; ``reduction: exact`` (the same file on every layout, mpicd.mpi.comm.Comm.allreduce_sum_exact):
 ``8 + 8 C (D + 1)``.
 
 Prediction uses the client's own head by default; ``predict: nearest_prototype`` classifies by
@@ -37,9 +37,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..schema import ConfigError, spec
-from .aggregate import REDUCTION_DOC, PerClassMeans, allreduce_payloads, mean_over_clients, private_class_payload
-from .base import Algorithm, Batch, Context, Payload
+from mpicd.core.schema import ConfigError, spec
+from mpicd.algorithms.aggregate import (
+    REDUCTION_DOC,
+    PerClassMeans,
+    allreduce_payloads,
+    mean_over_clients,
+    private_class_payload,
+)
+from mpicd.algorithms.base import Algorithm, Batch, Context, Payload
 
 
 @dataclass
@@ -128,8 +134,8 @@ class FedProto(Algorithm):
 
     @classmethod
     def after_round(cls, members: list["FedProto"], round_index: int) -> None:
-        """The rank sums its participating clients' payloads, then one Allreduce (mpicd.comm); a
-        client that sits the round out keeps what it had (mpicd.participation)."""
+        """The rank sums its participating clients' payloads, then one Allreduce (mpicd.mpi.comm); a
+        client that sits the round out keeps what it had (mpicd.run.participation)."""
         received = allreduce_payloads(members, round_index)
         for m in (m for m in members if m.ctx.participating):
             m.received = received

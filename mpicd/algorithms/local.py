@@ -5,7 +5,7 @@ Bytes per round per rank: 0 (no ``payloads``).
 
 from __future__ import annotations
 
-from .base import Algorithm
+from mpicd.algorithms.base import Algorithm
 
 
 class LocalOnly(Algorithm):

@@ -38,16 +38,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .anatomy import anatomy, compute_per_round, network, overhead, parallel, startup
-from .harness import ALGORITHMS, ROOT, BenchError, Settings, machine, run_job, settings_for
-from .plot import plot
-from .projection import comm_model, projection
-from .render import render
+from mpicd.bench.anatomy import anatomy, compute_per_round, network, overhead, parallel, startup
+from mpicd.bench.harness import ALGORITHMS, ROOT, BenchError, Settings, machine, run_job, settings_for
+from mpicd.bench.plot import plot
+from mpicd.bench.projection import comm_model, projection
+from mpicd.bench.render import render
 
 
 def bench(s: Settings, log=print) -> dict:
     """Run every part and return the figures (the JSON). Imports no torch: the jobs do the work."""
-    from ..config import ConfigError, load_config
+    from mpicd.config.sections import ConfigError, load_config
 
     cfg = load_config(s.config, [*s.overrides, f"clients={s.ranks}"])  # bad input fails here, not in MPI
     if cfg.data.path and not Path(cfg.data.path).exists():
@@ -87,7 +87,7 @@ def bench(s: Settings, log=print) -> dict:
         projected = projection(net, raw["models"], compute, write)
         written = None
         if s.write_ranks:
-            from . import write as bench_write
+            from mpicd.bench import write as bench_write
 
             quickstart = ROOT / "configs" / "quickstart.yaml"
             written = bench_write.sweep(
@@ -95,7 +95,7 @@ def bench(s: Settings, log=print) -> dict:
             )
         packed = None
         if s.clients_sweep:
-            from . import clients as bench_clients
+            from mpicd.bench import clients as bench_clients
 
             packed = {
                 "holding": bench_clients.holding(s.config, s.overrides, 16),
@@ -143,7 +143,7 @@ def bench(s: Settings, log=print) -> dict:
 
 def main(args) -> int:
     """``mpicd bench`` (see :func:`mpicd.cli.bench`): print the figures; --json / --plot write them."""
-    from ..config import ConfigError
+    from mpicd.config.sections import ConfigError
 
     try:
         s = settings_for(args)

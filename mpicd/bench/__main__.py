@@ -2,6 +2,6 @@
 
 import sys
 
-from .job import worker
+from mpicd.bench.job import worker
 
 sys.exit(worker(sys.argv[1]))

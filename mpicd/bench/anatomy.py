@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .harness import ALGORITHMS, ROOT, BenchError, Settings, run_job, stats
+from mpicd.bench.harness import ALGORITHMS, ROOT, BenchError, Settings, run_job, stats
 
 
 def _results(path: Path):
-    from ..results import Results
+    from mpicd.results.file import Results
 
     return Results(path)
 
@@ -96,7 +96,7 @@ def startup(s: Settings, folder: Path) -> dict:
     """Fresh launches of the quick start on ``s.ranks`` ranks: phases, and seconds to round 1."""
     import yaml
 
-    from ..runner import STARTUP_PHASES
+    from mpicd.run.runner import STARTUP_PHASES
 
     config = ROOT / "configs" / "quickstart.yaml"
     totals, phases = [], {name: [] for name in (*STARTUP_PHASES, "model_build")}
@@ -131,7 +131,7 @@ def startup(s: Settings, folder: Path) -> dict:
 
 
 def network(raw: dict) -> dict:
-    from .net import fit
+    from mpicd.bench.net import fit
 
     net = raw["network"]
     result = {"ranks": net["ranks"], "sizes": net["sizes"]}

@@ -13,7 +13,7 @@ class BareClient:
     def __init__(self, plan, index: int, device: str):
         import torch
 
-        from ..models import build_model
+        from mpicd.models.networks import build_model
 
         cfg, data = plan.config, plan.dataset
         own = plan.partition.train_indices[index]

@@ -3,7 +3,7 @@
 Two measurements (``mpicd bench --clients-per-rank``, or ``python -m mpicd.bench.clients``):
 
 * :func:`holding`: in one process, K clients of a config held as one model each (what
-  :mod:`mpicd.client` does) against one model whose parameters and optimizer state are swapped in
+  :mod:`mpicd.run.client` does) against one model whose parameters and optimizer state are swapped in
   for each client (Apple's pfl-research): resident memory per added client (VmRSS after one
   round of every client, so gradients and Adam's moments exist) and seconds per round of the K
   clients' local epochs, the swap included.
@@ -70,10 +70,10 @@ def holding_one(config: str, overrides: list[str], clients: int, rounds: int, mo
 
     import torch
 
-    from ..client import Client
-    from ..config import load_config
-    from ..ledger import Ledger
-    from ..plan import prepare
+    from mpicd.run.client import Client
+    from mpicd.config.sections import load_config
+    from mpicd.mpi.accounting import Ledger
+    from mpicd.run.plan import prepare
 
     torch.set_num_threads(1)
     cfg = load_config(config, [*overrides, f"clients={clients}", "algorithm={name: local}"])
@@ -193,7 +193,7 @@ def _launch(n: int, argv: list[str], timeout: float) -> dict:
     import signal
     import subprocess
 
-    from .harness import BenchError, launcher
+    from mpicd.bench.harness import BenchError, launcher
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     launched = time.time()
@@ -235,7 +235,7 @@ def one_run(config: str, overrides: list[str], algorithm: str, clients: int, ran
     lines (rank 0 prints one after each round's row is written): a round as the user waits for it."""
     import yaml
 
-    from ..results import Results
+    from mpicd.results.file import Results
 
     argv = ["-m", "mpicd", "run", config, *overrides, f"clients={clients}", "clients_per_rank=balanced",
             f"rounds={rounds}", f"algorithm={{name: {algorithm}}}", "checkpoint.every=0", "--out", str(out)]  # fmt: skip
@@ -279,7 +279,7 @@ def sweep(config: str, overrides: list[str], clients: list[int], rounds: int, fo
     each ratio is taken within a repeat); and once on N ranks while N <= ``one_per_client_up_to``
     (beyond it the machine's memory, 400 MiB per rank, runs out). ``on_row``: called with the rows
     after each run (to save them as they come)."""
-    from .harness import BenchError
+    from mpicd.bench.harness import BenchError
 
     rows = []
 
@@ -367,7 +367,7 @@ def alone_one(config: str, overrides: list[str], algorithm: str, clients: int, r
     """The pure compute of rank ``rank`` of a job of ``clients`` clients packed on ``ranks`` ranks,
     timed alone: in this process (pinned to core ``rank``), no MPI and no round loop, with the torch
     threads and deterministic kernels a rank of the job gets, the rank's clients built as the job
-    builds them (:mod:`mpicd.layout`); then round by round each client's local epochs and each
+    builds them (:mod:`mpicd.mpi.assignment`); then round by round each client's local epochs and each
     distinct model's evaluation on the test and validation splits (one where the algorithm ends a
     round with one model for all, else every client's), each timed by itself. Co-distillation's
     clients get a zero mean from the next client as their received teacher row, so that their epochs
@@ -376,12 +376,12 @@ def alone_one(config: str, overrides: list[str], algorithm: str, clients: int, r
 
     import torch
 
-    from ..client import Client
-    from ..config import load_config
-    from ..layout import Layout
-    from ..ledger import Ledger
-    from ..plan import prepare
-    from ..runtime import cpu_threads, deterministic_algorithms
+    from mpicd.run.client import Client
+    from mpicd.config.sections import load_config
+    from mpicd.mpi.assignment import Layout
+    from mpicd.mpi.accounting import Ledger
+    from mpicd.run.plan import prepare
+    from mpicd.mpi.placement import cpu_threads, deterministic_algorithms
 
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= ranks:
         os.sched_setaffinity(0, {rank})

@@ -60,7 +60,7 @@ def stats(values) -> dict:
 
 def settings_for(args) -> Settings:
     """The command line's options with --quick's defaults; BenchError names a bad option."""
-    from .net import SIZES
+    from mpicd.bench.net import SIZES
 
     quick = bool(args.quick)
     s = Settings(

@@ -8,8 +8,8 @@ import json
 import time
 from pathlib import Path
 
-from .bare import BareClient
-from .projection import model_sizes
+from mpicd.bench.bare import BareClient
+from mpicd.bench.projection import model_sizes
 
 
 def _mpicd_run(comm, config: str, overrides: list[str], out: Path, threads: int | None = None) -> None:
@@ -19,10 +19,10 @@ def _mpicd_run(comm, config: str, overrides: list[str], out: Path, threads: int 
 
     import torch
 
-    from ..config import load_config
-    from ..loop import run
-    from ..plan import prepare
-    from ..runtime import place
+    from mpicd.config.sections import load_config
+    from mpicd.run.loop import run
+    from mpicd.run.plan import prepare
+    from mpicd.mpi.placement import place
 
     plan = prepare(load_config(config, overrides))
     placement = place(comm.mpi, plan.config.device)
@@ -37,10 +37,10 @@ def _alone(spec: dict, repeat: int, out: Path) -> dict:
     import torch
     from mpi4py import MPI
 
-    from ..comm import Comm
-    from ..config import load_config
-    from ..plan import prepare
-    from ..runtime import choose_device, cpu_threads
+    from mpicd.mpi.comm import Comm
+    from mpicd.config.sections import load_config
+    from mpicd.run.plan import prepare
+    from mpicd.mpi.placement import choose_device, cpu_threads
 
     threads = spec["threads"] or cpu_threads(1)  # default: what mpicd gives one rank alone here
     one = [*spec["overrides"], "clients=1", "algorithm=local"]
@@ -96,9 +96,9 @@ def worker(spec_path: str) -> int:
     the others sleep; then the network sweep. Rank 0 writes the raw figures to ``<out>/worker.json``."""
     from mpi4py import MPI
 
-    from .net import idle, sweep
-    from ..comm import Comm
-    from ..runtime import abort_on_exception
+    from mpicd.bench.net import idle, sweep
+    from mpicd.mpi.comm import Comm
+    from mpicd.mpi.placement import abort_on_exception
 
     spec = json.loads(Path(spec_path).read_text())
     out, world = Path(spec["out"]), MPI.COMM_WORLD
@@ -118,8 +118,8 @@ def worker(spec_path: str) -> int:
         if world.Get_rank() == 0:
             import torch
 
-            from ..config import load_config
-            from ..plan import prepare
+            from mpicd.config.sections import load_config
+            from mpicd.run.plan import prepare
 
             raw["models"] = model_sizes(prepare(load_config(spec["config"], common)))
             raw["torch"] = str(torch.__version__)

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from .harness import ALGORITHMS
+from mpicd.bench.harness import ALGORITHMS
 
 
 PROJECTED_RANKS = tuple(2**k for k in range(2, 11))  # 4 ... 1024
@@ -35,8 +35,8 @@ ASSUMPTIONS = (
 
 def model_sizes(plan) -> dict:
     """C, D, P, B of the LeNet and ResNet-18 on the bench's dataset."""
-    from ..algorithms import Sizes
-    from ..models import build_model
+    from mpicd.algorithms import Sizes
+    from mpicd.models.networks import build_model
 
     cfg, data = plan.config, plan.dataset
     out = {}
@@ -50,14 +50,14 @@ def model_sizes(plan) -> dict:
 
 def busiest_teacher(n: int, seed: int = 0, rounds: int = 32) -> float:
     """Mean over rounds of the most students one rank serves under co-distillation's draw."""
-    from ..algorithms.codistill import teacher_assignment
+    from mpicd.algorithms.codistill import teacher_assignment
 
     return float(np.mean([np.bincount(teacher_assignment(seed, r, n), minlength=n).max() for r in range(rounds)]))
 
 
 def comm_model(name: str, n: int, sizes: dict, latency: float, bandwidth: float) -> float:
     """Projected seconds of one round's exchange of ``name`` on ``n`` ranks (see ASSUMPTIONS)."""
-    from ..algorithms import Sizes, resolve
+    from mpicd.algorithms import Sizes, resolve
 
     cls, params = resolve({"name": name})
     students = busiest_teacher(n) if name == "codistill" else 0

@@ -81,11 +81,11 @@ def render(r: dict) -> str:
             )
     lines += ["   assumptions:"] + [f"   - {a}" for a in pr["assumptions"]]
     if "write_vs_ranks" in r:
-        from .write import render as render_write
+        from mpicd.bench.write import render as render_write
 
         lines += render_write(r["write_vs_ranks"])
     if "clients_per_rank" in r:
-        from .clients import render as render_clients
+        from mpicd.bench.clients import render as render_clients
 
         lines.append(render_clients(r["clients_per_rank"]["holding"], r["clients_per_rank"]["sweep"]))
     return "\n".join(lines)

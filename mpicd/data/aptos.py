@@ -10,7 +10,7 @@ import csv
 
 import numpy as np
 
-from mpicd.config import ConfigError, DataConfig
+from mpicd.config.sections import ConfigError, DataConfig
 from mpicd.data.base import Dataset, check_fits_in_memory, existing_path, read_grey_png, reject_unused, split_dataset
 
 CLASS_NAMES = ("no_dr", "dr")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mpicd.config import DataConfig
+from mpicd.config.sections import DataConfig
 from mpicd.data.base import Dataset, reject_unused, split_dataset
 
 CLASS_NAMES = ("malignant", "benign")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpicd.config import ConfigError, DataConfig
+from mpicd.config.sections import ConfigError, DataConfig
 from mpicd.data.base import Dataset, check_fits_in_memory, existing_path, read_grey_png, reject_unused, split_dataset
 
 DEFAULT_CLASSES = ("Normal", "COVID")

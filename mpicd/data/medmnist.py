@@ -6,7 +6,7 @@ set, so no client ever trains on either; every class must appear in all three.
 ``data.label_map`` merges or reorders the file's labels (position = the file's label, value = the
 new class; RetinaMNIST's [0, 1, 1, 1, 1] is grade 0 vs grades 1-4) before anything else sees them,
 and ``data.classes`` names the resulting classes. The file's md5 is computed once per load (under
-``mpicd run`` on one rank per node, :mod:`mpicd.nodeshare`) and kept in the Dataset;
+``mpicd run`` on one rank per node, :mod:`mpicd.data.node_shared`) and kept in the Dataset;
 :func:`md5_check` compares it with MedMNIST's published checksums.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpicd.config import ConfigError, DataConfig
+from mpicd.config.sections import ConfigError, DataConfig
 from mpicd.data.base import Arrays, Dataset, check_fits_in_memory, existing_path, make_dataset
 
 SPLITS = ("train", "val", "test")

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpicd import seeds
-from mpicd.config import ConfigError
+from mpicd.core import seeds
+from mpicd.config.sections import ConfigError
 
 SKEW_MODES = ("symmetric", "authors")
 SCHEMES = ("expertise", "natural", "dirichlet")

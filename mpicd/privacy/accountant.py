@@ -36,8 +36,8 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from .gaussian import check_multiplier
-from .sampling import check_rate
+from mpicd.privacy.gaussian import check_multiplier
+from mpicd.privacy.sampling import check_rate
 
 DISCRETISATION = 1e-4  # PLD value discretisation interval (dp-accounting's default)
 SEARCH_DISCRETISATION = 1e-3  # a coarser one while noise_multiplier searches (the result is checked at the fine one)

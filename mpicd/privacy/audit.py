@@ -40,11 +40,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import seeds
-from .clip import clip_rows
-from .release import class_sums_payload, means_from_sums, private_class_sums, sampled_private_mean
-from .sampling import poisson_subset
-from .streams import ATTACK, AUDIT
+from mpicd.core import seeds
+from mpicd.privacy.clip import clip_rows
+from mpicd.privacy.release import class_sums_payload, means_from_sums, private_class_sums, sampled_private_mean
+from mpicd.privacy.sampling import poisson_subset
+from mpicd.privacy.streams import ATTACK, AUDIT
 
 
 def clopper_pearson(successes: int, trials: int, alpha: float = 0.05) -> tuple[float, float]:
@@ -412,7 +412,7 @@ def loss_attack(model, members: tuple, non_members: tuple) -> AttackResult:
 def lenet_features(
     x: np.ndarray, *, seed: int, feature_dim: int, num_classes: int, fit: tuple | None = None, train_epochs: int = 0
 ) -> np.ndarray:
-    """(n, D) float64 eval-mode features of the project's LeNet (mpicd.models.lenet) on images ``x``,
+    """(n, D) float64 eval-mode features of the project's LeNet (mpicd.models.networks.lenet) on images ``x``,
     initialised as a run initialises its model (seeds.INIT); with ``train_epochs`` > 0 it is first
     trained on ``fit`` = (images, labels) with plain SGD (lr 0.05, batches of 64, order from
     seeds.SHUFFLE), so the features are those of a fitted teacher rather than a random network."""
@@ -429,7 +429,7 @@ def lenet_outputs(
     import torch
     import torch.nn.functional as F
 
-    from ..models import lenet
+    from mpicd.models.networks import lenet
 
     torch.manual_seed(seeds.torch_seed(seed, seeds.INIT))
     model = lenet(x.shape[1], feature_dim, num_classes)

@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .accountant import Accountant, noise_multiplier
-from .gaussian import release_multiplier
-from . import secret
-from .streams import RELEASE, stream
+from mpicd.privacy.accountant import Accountant, noise_multiplier
+from mpicd.privacy.gaussian import release_multiplier
+from mpicd.privacy import secret
+from mpicd.privacy.streams import RELEASE, stream
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Settings:
 
 
 def settings(section, rounds: int) -> Settings:
-    """``privacy`` (mpicd.config.PrivacyConfig) -> :class:`Settings`; ValueError if no sigma >= the
+    """``privacy`` (mpicd.config.sections.PrivacyConfig) -> :class:`Settings`; ValueError if no sigma >= the
     accountant's floor keeps ``rounds`` releases within the budget."""
     noised = section.counts == "noised"
     sigma = section.noise_multiplier

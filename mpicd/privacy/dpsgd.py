@@ -9,7 +9,7 @@ accounted by :mod:`.accountant` (the same PLD accountant as the representation r
 client: what FedAvg/FedAMP then share is post-processing of the noised steps.
 
 Opacus imports torch._dynamo, so it is imported inside the functions only (never on the default
-path, which keeps ``mpicd.optim``). Randomness: the batch sampling and the noise are drawn from two
+path, which keeps ``mpicd.models.optim``). Randomness: the batch sampling and the noise are drawn from two
 streams the caller passes (mpicd.privacy.streams: the client's secret key, or the public seed with
 ``privacy.noise: seeded``), not from torch generators: Opacus' own secure mode needs torchcsprng,
 which is archived and has no build for this torch (``pip install torchcsprng``: no matching
@@ -37,10 +37,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .accountant import Accountant
-from .clip import check_bound
-from .gaussian import check_multiplier
-from .sampling import check_rate
+from mpicd.privacy.accountant import Accountant
+from mpicd.privacy.clip import check_bound
+from mpicd.privacy.gaussian import check_multiplier
+from mpicd.privacy.sampling import check_rate
 
 
 def schedule(n: int, batch_size: int) -> tuple[float, int]:

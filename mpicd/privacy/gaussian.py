@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .clip import check_bound, clip_rows
+from mpicd.privacy.clip import check_bound, clip_rows
 
 
 def check_multiplier(sigma: float) -> float:

@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .clip import clip_rows
-from .gaussian import check_multiplier, gaussian_sum, noise_std
-from .sampling import poisson_subset
+from mpicd.privacy.clip import clip_rows
+from mpicd.privacy.gaussian import check_multiplier, gaussian_sum, noise_std
+from mpicd.privacy.sampling import poisson_subset
 
 
 def private_mean(rows, *, clip: float, sigma: float, denominator: float, generator: np.random.Generator) -> np.ndarray:

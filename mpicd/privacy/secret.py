@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import exclusive
+from mpicd.core import exclusive
 
 KEY_BYTES = 32
 _TAG = b"mpicd privacy stream v1\x00"

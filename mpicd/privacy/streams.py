@@ -2,7 +2,7 @@
 
 ``use`` (the last key word) says what the stream is for, so no two coincide: a release's Poisson
 sample then its noise (keyed by the client, not the MPI rank that holds it, as every client
-stream in mpicd/seeds.py), DP-SGD's batch sampling and its noise, the audit's neighbouring
+stream in mpicd/core/seeds.py), DP-SGD's batch sampling and its noise, the audit's neighbouring
 releases (a = trial, b = 0 without the canary, 1 with it) and the membership attack's draws.
 
 What a release rests on is drawn from the client's secret key (``privacy.noise: secret``, the
@@ -14,8 +14,8 @@ are the auditor's own experiment, not a release to anyone, and stay seeded.
 
 from __future__ import annotations
 
-from .. import seeds
-from .secret import SecretStream
+from mpicd.core import seeds
+from mpicd.privacy.secret import SecretStream
 
 RELEASE = 0  # one release: its Poisson sample, then its noise, in that order
 DPSGD_SAMPLING = 1

@@ -6,9 +6,9 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from .runs import MISSING, Cell, RunSummary, distinguishing, fmt
-from .stats import versus
-from .tables import cell_rows
+from mpicd.report.runs import MISSING, Cell, RunSummary, distinguishing, fmt
+from mpicd.report.stats import versus
+from mpicd.report.tables import cell_rows
 
 
 def write_csv(cells: dict[Cell, list[RunSummary]], path: str | Path) -> None:

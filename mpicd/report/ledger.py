@@ -3,7 +3,7 @@
 Results files (.h5) are not committed and are lost with the machine that wrote them; the ledger
 keeps, for every finished run, what :func:`mpicd.report.summarize` computes in the views the study
 reports, so that ``mpicd report`` rebuilds its tables from it and a sweep skips the runs it holds
-(:func:`mpicd.sweep.is_done`). It holds scores, not models: a ledgered run cannot be resumed, nor
+(:func:`mpicd.sweep.grid.is_done`). It holds scores, not models: a ledgered run cannot be resumed, nor
 scored by a rule other than the views stored (last 10 rounds; best-validation round).
 
 One line per run, keyed by ``name`` (the results file's stem), sorted by name. Scores are stored
@@ -22,10 +22,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .. import exclusive
-from ..config import config_difference
-from ..results import Results, ResultsFileError
-from .runs import SCORES, SPLITS, Cell, ReportError, RunSummary, _planned, summarize
+from mpicd.core import exclusive
+from mpicd.config.sections import config_difference
+from mpicd.results.file import Results, ResultsFileError
+from mpicd.report.runs import SCORES, SPLITS, Cell, ReportError, RunSummary, _planned, summarize
 
 VIEWS = {"last10": (10, "last"), "best-val": (1, "best-val")}
 """The views a ledger holds: name -> (last, select) as ``summarize`` takes them."""

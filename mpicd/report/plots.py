@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .runs import Cell, RunSummary, _order, fmt
-from .stats import _sd
-from .tables import Setting, settings
+from mpicd.report.runs import Cell, RunSummary, _order, fmt
+from mpicd.report.stats import _sd
+from mpicd.report.tables import Setting, settings
 
 
 def _pyplot():

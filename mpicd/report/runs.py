@@ -11,9 +11,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .. import degenerate
-from ..config import OPERATIONAL_KEYS, with_added_keys
-from ..results import Results
+from mpicd.evaluation import degenerate
+from mpicd.config.sections import OPERATIONAL_KEYS, with_added_keys
+from mpicd.results.file import Results
 
 
 SCORES = ("minority_acc", "balanced_acc", "test_acc")
@@ -116,7 +116,9 @@ class RunSummary:
     curves: dict  # metric -> (completed rounds,) mean over clients
     headline: dict  # dataset, clients, images_per_class as the run resolved them
     selected_round: int | None = None  # 0-based, with select="best-val"
-    single_class: tuple[int, ...] = ()  # clients that predicted one class for the whole split (mpicd.degenerate)
+    single_class: tuple[
+        int, ...
+    ] = ()  # clients that predicted one class for the whole split (mpicd.evaluation.degenerate)
     clients: int = 0
     class_names: tuple[str, ...] = ()  # the file's classes, in label order: scores["recall:<name>"]
     ranks: int = 0  # MPI ranks of the (last) job (attr ranks; 0: an older file, one client per rank)
@@ -226,7 +228,7 @@ def summarize(source: str | Path | Results, last: int = 1, select: str = "last",
 
 def _mpi_bytes(res) -> tuple[int, float]:
     """(ranks, bytes per round per rank that crossed MPI) of a file with clients per rank
-    (``/comm/bytes_mpi_*``, mpicd.layout); with one client per rank, per client is per rank."""
+    (``/comm/bytes_mpi_*``, mpicd.mpi.assignment); with one client per rank, per client is per rank."""
     import h5py
 
     ranks = int(res.attrs.get("ranks", 0) or 0)

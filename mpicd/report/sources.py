@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from collections.abc import Iterable
 
-from .. import degenerate
-from ..results import Results, ResultsFileError
-from .ledger import summaries
-from .runs import ReportError, RunSummary, _planned, summarize
+from mpicd.evaluation import degenerate
+from mpicd.results.file import Results, ResultsFileError
+from mpicd.report.ledger import summaries
+from mpicd.report.runs import ReportError, RunSummary, _planned, summarize
 
 
 def _name(run: RunSummary) -> str:

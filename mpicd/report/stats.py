@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .runs import DEGENERATE, MISSING, Cell, ReportError, RunSummary, _label, check_metric, distinguishing
+from mpicd.report.runs import DEGENERATE, MISSING, Cell, ReportError, RunSummary, _label, check_metric, distinguishing
 
 
 def mean_sd(values: list[float]) -> str:

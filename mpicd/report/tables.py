@@ -8,8 +8,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .runs import HEADLINE, MISSING, SCORES, Cell, RunSummary, _label, _order, distinguishing, fmt
-from .stats import _sd, mean_sd, versus
+from mpicd.report.runs import HEADLINE, MISSING, SCORES, Cell, RunSummary, _label, _order, distinguishing, fmt
+from mpicd.report.stats import _sd, mean_sd, versus
 
 
 @dataclass

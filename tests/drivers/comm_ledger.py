@@ -10,9 +10,9 @@ import sys
 
 import numpy as np
 
-from mpicd.channels import Channel
-from mpicd.comm import Comm, ProtocolError
-from mpicd.runtime import abort_on_exception
+from mpicd.mpi.channels import Channel
+from mpicd.mpi.comm import Comm, ProtocolError
+from mpicd.mpi.placement import abort_on_exception
 
 comm = Comm()
 rank, size = comm.rank, comm.size

@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from mpicd.comm import Comm
-from mpicd.runtime import abort_on_exception
+from mpicd.mpi.comm import Comm
+from mpicd.mpi.placement import abort_on_exception
 
 CLIENTS, WIDTH = 7, 257
 

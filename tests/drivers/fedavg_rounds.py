@@ -9,7 +9,7 @@ and ``post_<round>`` (float32: its parameters then its floating-point buffers, f
 model's order by this driver, not by mpicd's helpers). The run's file is ``OUT/run.h5``.
 
 MODE ``replay``: afterwards rank 0 also replays the whole run serially, without MPI: one
-:class:`mpicd.client.Client` per client index (algorithm ``local``, its own data, shuffle order and
+:class:`mpicd.run.client.Client` per client index (algorithm ``local``, its own data, shuffle order and
 optimizer), every round starting from the sample-weighted mean of the replayed models of the round
 before, computed here in float64. ``OUT/replay.npz``: ``theta_<round>_<client>`` (each client's
 model after its local epoch, before averaging) and ``n_<client>``. MODE ``plain``: no replay.
@@ -25,9 +25,9 @@ import torch
 
 from mpicd.algorithms.fedavg import FedAvg
 from mpicd.cli import main
-from mpicd.client import Client
-from mpicd.config import load_config
-from mpicd.plan import prepare
+from mpicd.run.client import Client
+from mpicd.config.sections import load_config
+from mpicd.run.plan import prepare
 
 from driver_settings import FEDAVG_CLIENTS, FEDAVG_ROUNDS
 

@@ -4,8 +4,8 @@ a ProtocolError naming rank 2 instead of MPI truncating (exits through abort_on_
 import numpy as np
 from mpi4py import MPI
 
-from mpicd.comm import Comm
-from mpicd.runtime import abort_on_exception
+from mpicd.mpi.comm import Comm
+from mpicd.mpi.placement import abort_on_exception
 
 comm = Comm()
 with abort_on_exception(MPI.COMM_WORLD, where=comm.where):

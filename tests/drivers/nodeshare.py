@@ -1,4 +1,4 @@
-"""Run under mpiexec: the node-shared dataset (mpicd.nodeshare) against a private load, on every rank.
+"""Run under mpiexec: the node-shared dataset (mpicd.data.node_shared) against a private load, on every rank.
 
 ``check CONFIG [key=value ...]``: ``prepare(config)`` and ``prepare(config, comm)`` in one job; every
 array equal bit for bit, dtype and shape, every other Dataset field equal, the shared arrays
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mpicd.comm import Comm
-from mpicd.config import ConfigError, load_config
+from mpicd.mpi.comm import Comm
+from mpicd.config.sections import ConfigError, load_config
 from mpicd.data import Arrays
-from mpicd.plan import prepare
-from mpicd.runtime import abort_on_exception
+from mpicd.run.plan import prepare
+from mpicd.mpi.placement import abort_on_exception
 
 comm = Comm()
 mode, config_path = sys.argv[1], sys.argv[2]
@@ -99,8 +99,8 @@ def check(overrides: list[str]) -> None:
 
 def run(out: Path, overrides: list[str]) -> None:
     from mpicd.cli import main
-    from mpicd.loop import run as run_rounds
-    from mpicd.runtime import place
+    from mpicd.run.loop import run as run_rounds
+    from mpicd.mpi.placement import place
 
     config = load_config(config_path, [f"clients={comm.size}", *overrides])
     plan = prepare(config)

@@ -1,6 +1,6 @@
 """Run under mpirun across nodes: who reads the dataset, and what every rank gets (argv: CONFIG LOG).
 
-``mpicd.plan.load_dataset`` is wrapped so that each call appends "HOST RANK" to LOG (a file on the
+``mpicd.run.plan.load_dataset`` is wrapped so that each call appends "HOST RANK" to LOG (a file on the
 shared file system; one short O_APPEND write per line). Then ``prepare(config, comm)`` (the node-shared
 load, as ``mpicd run`` does it) and a private, unwrapped load: every array equal bit for bit, dtype
 and shape, read-only; the (device, inode) of the mapping that holds the shared train images, which
@@ -14,11 +14,11 @@ import sys
 
 import numpy as np
 
-import mpicd.plan
-from mpicd.comm import Comm
-from mpicd.config import load_config
+import mpicd.run.plan
+from mpicd.mpi.comm import Comm
+from mpicd.config.sections import load_config
 from mpicd.data import Arrays, load_dataset
-from mpicd.runtime import abort_on_exception
+from mpicd.mpi.placement import abort_on_exception
 
 comm = Comm()
 config_path, log = sys.argv[1], sys.argv[2]
@@ -48,8 +48,8 @@ def mapping_of(array: np.ndarray) -> tuple[int, int]:
 
 with abort_on_exception(comm.mpi):
     config = load_config(config_path, [f"clients={comm.size}"])
-    mpicd.plan.load_dataset = counted
-    shared = mpicd.plan.prepare(config, comm).dataset
+    mpicd.run.plan.load_dataset = counted
+    shared = mpicd.run.plan.prepare(config, comm).dataset
     private = load_dataset(config.data)
     for name in ("train", "test", "val"):
         a, b = getattr(shared, name), getattr(private, name)

@@ -2,7 +2,7 @@
 co-distillation run, and (the oracle, recorded on the teacher's rank only for the test) the
 clipped sum the teacher's noise hides (tests/test_privacy_attack.py). argv: OUT_DIR.
 
-Per privacy.noise (secret, seeded): one round (``mpicd.loop.run``) on a communicator that keeps
+Per privacy.noise (secret, seeded): one round (``mpicd.run.loop.run``) on a communicator that keeps
 every float32 buffer sent point to point; ``OUT/<noise>.h5`` the results file, and per rank
 ``OUT/<noise>_rank<r>.json``: the R it sent (what its student received) and the clipped sum of the
 rows its release summed (``gaussian_sum``'s input, clipped here by the L2 formula).
@@ -16,11 +16,11 @@ import numpy as np
 from mpi4py import MPI
 
 import mpicd.algorithms.codistill as codistill
-from mpicd.comm import Comm
-from mpicd.config import load_config
-from mpicd.loop import run
-from mpicd.plan import prepare
-from mpicd.runtime import abort_on_exception, place
+from mpicd.mpi.comm import Comm
+from mpicd.config.sections import load_config
+from mpicd.run.loop import run
+from mpicd.run.plan import prepare
+from mpicd.mpi.placement import abort_on_exception, place
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "quickstart.yaml"

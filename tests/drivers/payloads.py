@@ -3,11 +3,11 @@ costs ~10 s on a small box). argv: OUT_DIR PNEUMONIA_NPZ.
 
 1. ``bytes``: ``mpicd run`` (the CLI entry point, in this process) of every algorithm and every
    option that changes what is sent, BYTE_ROUNDS rounds on PneumoniaMNIST: ``OUT/bytes_<label>.h5``.
-2. ``pixels``: the round loop (``mpicd.loop.run``, as ``mpicd run`` calls it) of the same variants for
+2. ``pixels``: the round loop (``mpicd.run.loop.run``, as ``mpicd run`` calls it) of the same variants for
    PIXEL_ROUNDS rounds with every image (train, val and test) repainted pixel by pixel from
    DISTINCTIVE, on a :class:`Comm` whose MPI communicator is a :class:`Recorder`: every buffer handed
    to Isend, Irecv, Allreduce, Allgather, Gather or Bcast is kept with the channel the Comm named for
-   it (mpicd.channels) and finally searched for the bytes of each distinctive value as float32 and as
+   it (mpicd.mpi.channels) and finally searched for the bytes of each distinctive value as float32 and as
    float64, at any offset. Then the same for deliberately leaky algorithms (LEAKS), which must be
    caught: found by the search, or refused by the comm layer before anything was sent (a dtype or
    operation their payload channel does not declare). Per rank: ``OUT/pixels_rank<r>.json``.
@@ -29,13 +29,13 @@ from mpicd.algorithms.codistill import CoDistillation
 from mpicd.algorithms.fedavg import FedAvg
 from mpicd.algorithms.fedproto import FedProto
 from mpicd.cli import main
-from mpicd.channels import CHANNELS
-from mpicd.comm import Comm, ProtocolError
-from mpicd.config import inline, load_config
-from mpicd.ledger import KINDS
-from mpicd.loop import run
-from mpicd.plan import prepare
-from mpicd.runtime import abort_on_exception, place
+from mpicd.mpi.channels import CHANNELS
+from mpicd.mpi.comm import Comm, ProtocolError
+from mpicd.config.sections import inline, load_config
+from mpicd.mpi.accounting import KINDS
+from mpicd.run.loop import run
+from mpicd.run.plan import prepare
+from mpicd.mpi.placement import abort_on_exception, place
 
 from driver_settings import PAYLOAD_VARIANTS
 
@@ -49,7 +49,7 @@ DISTINCTIVE = np.array(
     + [-128 * (1 + f) for f in (3**0.5 - 1, np.log(2), 0.1234567, 0.7654321)],
     dtype=np.float32,
 )
-# sends -> ledger kind (a Gather to the writer counts under allgather's, mpicd.comm)
+# sends -> ledger kind (a Gather to the writer counts under allgather's, mpicd.mpi.comm)
 RECORDED = {"Isend": "p2p", "Allreduce": "allreduce", "Allgather": "allgather", "Gather": "allgather", "Bcast": "bcast"}
 
 world = MPI.COMM_WORLD

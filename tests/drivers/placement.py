@@ -5,7 +5,7 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from mpicd.runtime import abort_on_exception, place
+from mpicd.mpi.placement import abort_on_exception, place
 
 with abort_on_exception():
     p = place(MPI.COMM_WORLD, "auto")

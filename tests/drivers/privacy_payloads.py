@@ -1,7 +1,7 @@
 """Run under mpiexec -n 2: with privacy on, no unclipped or un-noised value crosses MPI
 (tests/test_privacy_wiring.py). argv: OUT_DIR.
 
-For each algorithm with a private path, one round (``mpicd.loop.run``) four times on a
+For each algorithm with a private path, one round (``mpicd.run.loop.run``) four times on a
 :class:`Recorder` communicator (every buffer sent point to point or reduced is kept):
 privacy off; exact releases (sigma 0, clip 1e9: the unclipped sums, q 1, public counts); clipped
 exact releases (sigma 0, clip 0.05); the private run (sigma 1, clip 0.05). Round 0 starts from
@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from mpicd.comm import Comm
-from mpicd.config import load_config
-from mpicd.loop import run
-from mpicd.plan import prepare
-from mpicd.runtime import abort_on_exception, place
+from mpicd.mpi.comm import Comm
+from mpicd.config.sections import load_config
+from mpicd.run.loop import run
+from mpicd.run.plan import prepare
+from mpicd.mpi.placement import abort_on_exception, place
 
 
 class Recorder(MPI.Intracomm):

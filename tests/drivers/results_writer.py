@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mpicd.client import EpochLoss, Scores
-from mpicd.comm import KINDS, Comm, Traffic
-from mpicd.results import ResultsWriter, RoundRow
-from mpicd.runtime import abort_on_exception
+from mpicd.run.client import EpochLoss, Scores
+from mpicd.mpi.comm import KINDS, Comm, Traffic
+from mpicd.results.file import ResultsWriter, RoundRow
+from mpicd.mpi.placement import abort_on_exception
 
 comm = Comm()
 rank, size = comm.rank, comm.size

@@ -1,8 +1,8 @@
 """Run under mpiexec: ``mpicd run`` (in this process) recording every random stream it creates.
 argv: CONFIG OUT_DIR.
 
-Wraps mpicd.seeds.rng / torch_seed / seed_sequence (every call site looks them up on the module)
-and numpy's SeedSequence (streams made outside mpicd.seeds). Co-distillation with a teacher per
+Wraps mpicd.core.seeds.rng / torch_seed / seed_sequence (every call site looks them up on the module)
+and numpy's SeedSequence (streams made outside mpicd.core.seeds). Co-distillation with a teacher per
 minibatch and an integer k, two local epochs, so every kind of stream is drawn. Writes
 OUT_DIR/rank<r>.json: one record per call, with the generator state (numpy) or seed (torch) it got.
 """
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mpicd import seeds
+from mpicd.core import seeds
 from mpicd.cli import main
-from mpicd.comm import Comm
-from mpicd.runtime import abort_on_exception
+from mpicd.mpi.comm import Comm
+from mpicd.mpi.placement import abort_on_exception
 
 ORIGINAL = {name: getattr(seeds, name) for name in ("rng", "torch_seed", "seed_sequence")}
 NumpySeedSequence = np.random.SeedSequence

@@ -1,0 +1,671 @@
+"""Typed experiment configuration: YAML + dotted overrides -> validated dataclasses.
+
+Every key is declared here (or, for an algorithm's own hyper-parameters, in that algorithm's
+``Params`` dataclass), so an unknown key, a wrong type or a value out of range is one clear
+``ConfigError`` naming the key, raised before anything trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+from mpicd.core.schema import ConfigError, from_mapping, spec
+from mpicd.core.schema import to_mapping as to_mapping  # re-exported: the config's inverse of from_mapping
+from mpicd.core.schema import key_text as _key_text, show as _show
+
+
+@dataclass
+class DataConfig:
+    name: Literal["breast_cancer", "medmnist", "aptos", "covid"] = spec(
+        "breast_cancer", doc="dataset format; breast_cancer is built in (no download)"
+    )
+    path: Optional[str] = spec(None, doc="medmnist: the .npz file; aptos/covid: the dataset folder")
+    image_size: Optional[int] = spec(None, ge=8, doc="resize images to this square size (aptos/covid default 64)")
+    classes: Optional[list[str]] = spec(
+        None,
+        doc="covid: class folders in label order (default Normal, COVID); medmnist: class names in label "
+        "order, after label_map (default: the file's known names, else class0, class1, ...)",
+    )
+    label_map: Optional[list[int]] = spec(
+        None,
+        doc="medmnist: the new class of each label of the file, by position (e.g. [0, 1, 1, 1, 1]: "
+        "RetinaMNIST grade 0 vs 1-4); one entry per label, values 0..C-1 with each class used, C >= 2; "
+        "null: the file's labels",
+    )
+    test_fraction: float = spec(0.2, gt=0.0, lt=1.0, doc="held-out fraction where no official test split exists")
+    val_fraction: float = spec(
+        0.1,
+        gt=0.0,
+        lt=1.0,
+        doc="validation fraction of each class where no official val split exists (test_fraction + val_fraction < 1)",
+    )
+    split_seed: int = spec(
+        0, ge=0, doc="seed of those held-out and validation splits; fixed so every run seed sees the same ones"
+    )
+    images_per_class: Optional[int] = spec(
+        None, ge=1, doc="per-client images of each class before skew (null: as many as the rarest class allows)"
+    )
+    skew: float = spec(0.0, ge=0.0, lt=1.0, doc="each non-expertise class keeps a fraction 1 - skew on each client")
+    skew_mode: Literal["symmetric", "authors"] = spec(
+        "symmetric",
+        doc="symmetric: skew on every client; authors: only on clients whose expertise class is 0 (the authors' code)",
+    )
+    partition: Literal["expertise", "natural", "dirichlet"] = spec(
+        "expertise",
+        doc="expertise: client i is expert in class i mod C and keeps 1 - skew of every other class; natural: "
+        "every client the training split's class prevalence (within rounding); dirichlet: client i's class "
+        "proportions q_i ~ Dirichlet(dirichlet_alpha * prevalence) (Hsu et al. 2019); for natural and "
+        "dirichlet a client's expertise class is its most frequent class",
+    )
+    dirichlet_alpha: Optional[float] = spec(
+        None,
+        gt=0.0,
+        doc="partition dirichlet only (and needed there): the concentration; small (0.1): nearly one class per "
+        "client, large (100): close to natural",
+    )
+    images_per_client: Optional[int] = spec(
+        None,
+        ge=1,
+        doc="partition natural or dirichlet: training images of each client (null: as many as every class allows)",
+    )
+
+    def __post_init__(self) -> None:
+        check_partition_keys(self)
+        if self.test_fraction + self.val_fraction >= 1.0:
+            raise ConfigError(
+                "data.val_fraction",
+                f"test_fraction + val_fraction must be < 1 (nothing left to "
+                f"train on), got {self.test_fraction} + {self.val_fraction}",
+            )
+        if self.label_map is not None:
+            check_label_map(self.label_map)
+
+
+def check_partition_keys(data: "DataConfig") -> None:
+    """Each partition's own keys: a key that the chosen partition ignores would silently do nothing."""
+    if data.partition == "dirichlet" and data.dirichlet_alpha is None:
+        raise ConfigError("data.dirichlet_alpha", "partition dirichlet needs a concentration, e.g. 0.5 (> 0)")
+    if data.partition != "dirichlet" and data.dirichlet_alpha is not None:
+        raise ConfigError(
+            "data.dirichlet_alpha",
+            f"is {data.dirichlet_alpha!r}, but it applies to partition dirichlet only (partition is {data.partition})",
+        )
+    if data.partition == "expertise":
+        if data.images_per_client is not None:
+            raise ConfigError(
+                "data.images_per_client",
+                "applies to partition natural or dirichlet only; partition expertise sizes clients by "
+                "data.images_per_class",
+            )
+        return
+    expertise_only = {"skew": (data.skew, 0.0), "skew_mode": (data.skew_mode, "symmetric"),
+                      "images_per_class": (data.images_per_class, None)}  # fmt: skip
+    for key, (value, default) in expertise_only.items():
+        if value != default:
+            raise ConfigError(
+                f"data.{key}",
+                f"is {value!r}, but it applies to partition expertise only (partition is "
+                f"{data.partition}; its clients are sized by data.images_per_client)",
+            )
+
+
+def check_label_map(label_map: list[int]) -> None:
+    """What ``data.label_map`` must be whatever the file: a new class (>= 0) for each of at least two
+    labels, the classes 0..C-1 each reached by some label, C >= 2 (the file's label count is checked
+    by the loader)."""
+    shown = _show(label_map)
+    if len(label_map) < 2:
+        raise ConfigError("data.label_map", f"needs one entry per label of the file (at least 2), got {shown}")
+    if min(label_map) < 0:
+        raise ConfigError("data.label_map", f"new classes must be >= 0, got {shown}")
+    classes = max(label_map) + 1
+    if classes < 2:
+        raise ConfigError(
+            "data.label_map", f"maps every label to class 0; at least two classes are needed, got {shown}"
+        )
+    unused = sorted(set(range(classes)) - set(label_map))
+    if unused:
+        raise ConfigError(
+            "data.label_map",
+            f"new classes must be 0..C-1, each the class of some label; {shown} maps no label to class "
+            f"{unused[0]} (classes 0..{classes - 1})",
+        )
+
+
+@dataclass
+class ModelConfig:
+    name: Literal["auto", "lenet", "fedavgcnn", "mlp", "resnet18"] = spec(
+        "auto", doc="auto: lenet for images, mlp for tabular data; fedavgcnn needs images >= 16x16"
+    )
+    feature_dim: int = spec(
+        200,
+        ge=1,
+        le=65536,
+        doc="D, the width of the feature vector the head reads (lenet, mlp; "
+        "fedavgcnn and resnet18 have D = 512 and ignore it)",
+    )
+    hidden: int = spec(64, ge=1, le=65536, doc="mlp: hidden layer width")
+
+
+@dataclass
+class TrainConfig:
+    optimizer: Literal["adam", "sgd"] = spec("adam", doc="the local optimizer (the authors': adam)")
+    lr: float = spec(1e-3, gt=0.0, doc="learning rate")
+    momentum: float = spec(0.9, ge=0.0, lt=1.0, doc="sgd only")
+    weight_decay: float = spec(0.0, ge=0.0, doc="L2 penalty of the optimizer")
+    batch_size: int = spec(32, ge=1, doc="training minibatch size (a trailing batch of one is merged)")
+    local_epochs: int = spec(1, ge=1, doc="local epochs per round")
+    optimizer_state: Literal["keep", "reset"] = spec(
+        "keep",
+        doc="keep: the optimizer's state (Adam's moments, SGD's momentum) carries over from round to round; "
+        "reset: a fresh optimizer at the start of every round's local training (McMahan's FedAvg, Flower's clients)",
+    )
+    loss: Literal["ce", "balanced"] = spec(
+        "ce",
+        doc="the cross-entropy term of every method; balanced: weighted by the inverse class frequency of "
+        "the client's own training split, w_c = n / (C n_c), normalised by the batch's weight sum as torch does",
+    )
+    eval_batch_size: int = spec(512, ge=1, doc="evaluation batch size (operational: memory and speed)")
+
+
+@dataclass
+class EvalConfig:
+    every: int = spec(
+        1,
+        ge=1,
+        doc="evaluate on the test and validation splits every N rounds and after the last one; "
+        "the rounds in between hold NaN metrics and the report scores evaluated rounds only",
+    )
+    train_split: bool = spec(
+        False,
+        doc="an audit, not a score: also evaluate every client on its own training images (centralized: the "
+        "union) in the same rounds, into /metrics/train_acc, train_balanced_acc, train_minority_acc, "
+        "train_recall (NaN when false); changes nothing that is trained",
+    )
+    shared_models: Literal["once", "per_client"] = spec(
+        "once",
+        doc="once: the clients of a rank whose algorithm ends the round with one model for all (fedavg) and whose "
+        "models are equal bit for bit are evaluated once, each client scored from the same predictions (the "
+        "same numbers, far less time with clients packed on ranks); per_client: every client's model evaluated "
+        "itself, as a cross-check or a baseline to time",
+    )
+    diagnostics: bool = spec(
+        False,
+        doc="an audit of the mechanism: per round and client, /diag/term_grad_share (the extra term's share of "
+        "the gradient norm), and for co-distillation /diag/r_distance (||m - R|| / ||R||, the student's own "
+        "class mean against the received R) and /diag/cka_teacher (linear CKA with the teacher's features on "
+        "64 validation images, sent after the round: bytes outside rounds); NaN when false; changes nothing "
+        "that is trained",
+    )
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = spec(
+        1, ge=0, doc="save every rank's state every N rounds (0: never) beside the results file, for --resume"
+    )
+    flush_every: Union[int, Literal["auto"]] = spec(
+        "auto",
+        ge=1,
+        doc="write and flush the results file's rows every N rounds (they wait in memory in between: a crash "
+        "loses at most N-1 rounds, which --resume recomputes); auto: ceil(ranks / 4), so the write per round "
+        "grows less with the ranks (BENCHMARKS.md); always at a stop and at the end",
+    )
+
+
+@dataclass
+class DebugConfig:
+    """Built-in fault injection, to test a cluster setup (and mpicd) against a failing rank."""
+
+    fail_rank: Optional[int] = spec(None, ge=0, doc="inject a fault on this rank (null: no fault)")
+    fail_round: int = spec(0, ge=0, doc="in this round, counted from 0 (2: the third round fails, 2 stay in the file)")
+    fail_kind: Literal["exception", "exit", "kill", "hang", "nan"] = spec(
+        "exception", doc="raise | os._exit(1) | SIGKILL itself | sleep instead of the next exchange | NaN in the model"
+    )
+    fail_at: Literal["before_exchange", "in_exchange", "after_epoch", "in_write", "in_checkpoint"] = spec(
+        "after_epoch",
+        doc="where in the round: before the algorithm's exchange, inside it (after posting), "
+        "after the local epoch, inside the collective results write, inside the checkpoint write",
+    )
+
+
+@dataclass
+class TimeoutConfig:
+    round_seconds: Optional[float] = spec(
+        None, gt=0.0, doc="watchdog: a round that takes longer ends the job, naming rank and round (null: off)"
+    )
+
+
+@dataclass
+class PrivacyConfig:
+    """Differential privacy of what leaves a rank (mpicd/privacy; README "Privacy"). The section absent
+    (the default) is privacy off: nothing is clipped, sampled or noised, and no accountant runs."""
+
+    epsilon: Optional[float] = spec(
+        None,
+        gt=0.0,
+        doc="the budget per client: a client whose next release would take its epsilon above it stops sharing "
+        "(/metrics/privacy_stopped); without noise_multiplier the noise is derived so that every planned "
+        "release fits; null: no budget (noise_multiplier then needed)",
+    )
+    delta: float = spec(1e-5, gt=0.0, lt=1.0, doc="the delta of every (epsilon, delta) the accountant reports")
+    clip: float = spec(1.0, gt=0.0, doc="C: each image's vector (feature, logits) is clipped to L2 norm C")
+    noise_multiplier: Optional[float] = spec(
+        None,
+        ge=0.0,
+        doc="sigma: the noise std on a sum is sigma * C (on a count sigma); null: the smallest sigma that keeps "
+        "rounds releases at sample_rate within (epsilon, delta)",
+    )
+    sample_rate: float = spec(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        doc="q: each image is in a release independently with probability q (Poisson sampling, what the "
+        "accountant's amplification by subsampling assumes)",
+    )
+    counts: Literal["public", "noised"] = spec(
+        "noised",
+        doc="noised: the count dividing a sum is released with noise std sigma (the release's multiplier is then "
+        "sigma / sqrt 2); public: the expected count q n_c (n_c, the client's images of class c): exact class sizes, "
+        "not covered under the zero-out adjacency, so only with privacy.noise: seeded or noise_multiplier 0 (runs "
+        "marked not private)",
+    )
+
+    noise: Literal["secret", "seeded"] = spec(
+        "secret",
+        doc="secret: every draw a release rests on (Poisson sample, noise) comes from a key per client drawn from "
+        "the operating system's entropy, which never leaves its rank (only its own checkpoint holds it); seeded: "
+        "drawn from the run's seed, which every peer knows, so a peer can subtract the noise: NOT PRIVATE, for "
+        "tests and audits that need repeatable noise (marked so in the results file, mpicd verify and the report)",
+    )
+    key_dir: Optional[str] = spec(
+        None,
+        doc="a folder of this site's secret keys, one file per client (client-<c>.key, mode 0600), made on first "
+        "use and read by later runs: the same keys, config and seed give the same results at this site; null: "
+        "fresh keys every run (a resumed run takes them from its checkpoint)",
+    )
+
+    def __post_init__(self) -> None:
+        if self.key_dir is not None and self.noise != "secret":
+            raise ConfigError("privacy.key_dir", f"holds secret keys, but privacy.noise is {self.noise!r}")
+        if self.noise_multiplier is None and self.epsilon is None:
+            raise ConfigError("privacy.noise_multiplier", "needs a value, or privacy.epsilon to derive it from")
+        if self.counts == "public" and self.noise == "secret" and self.noise_multiplier != 0.0:
+            raise ConfigError(
+                "privacy.counts",
+                "is public: it releases each class's exact size (q n_c), which differs between zero-out "
+                "neighbours (the null record has no class), so no epsilon covers it; use noised (the default), or "
+                "privacy.noise: seeded for a repeatable audit run (marked NOT PRIVATE)",
+            )
+        if self.noise_multiplier == 0.0 and self.epsilon is not None:
+            raise ConfigError(
+                "privacy.noise_multiplier",
+                f"is 0 (exact releases, epsilon infinite), but privacy.epsilon is a budget of {self.epsilon}",
+            )
+
+
+# Keys that say how a run is executed, not what it computes: a resumed run may change them, and
+# the report does not split cells by them. A section name covers every key inside it.
+OPERATIONAL_KEYS = (
+    "output",
+    "device",
+    "checkpoint",
+    "debug",
+    "timeout",
+    "eval",
+    "train.eval_batch_size",
+    "clients_per_rank",
+    "privacy.key_dir",
+)
+
+
+def is_operational(dotted: str) -> bool:
+    return any(dotted == key or dotted.startswith(key + ".") for key in OPERATIONAL_KEYS)
+
+
+def computed_config(tree: dict, prefix: str = "") -> dict:
+    """A resolved config as flat dotted keys, without the operational ones (checkpoint, device ...)."""
+    flat = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if is_operational(dotted):
+            continue
+        if isinstance(value, dict):
+            flat.update(computed_config(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+# Keys added after results files and checkpoints were already being written, each with the value
+# that reproduces what those older files did; a file without the key counts as holding it (resume,
+# sweeps, report cells). A key whose default changed what a run computes must never be listed.
+ADDED_LATER: dict[str, tuple[str | tuple[str, ...] | None, Any]] = {
+    "on_nonfinite": (None, "abort"),  # before: no check; a finished run never met a NaN either way
+    "algorithm.exchange": ("fedamp", "allgather"),  # before: always the Allgather
+    "algorithm.share": ("codistill", "features"),  # before: always the mean feature vector
+    "algorithm.term_mean": ("codistill", "matching"),  # before: the mean over the matching samples
+    "train.optimizer_state": (None, "keep"),  # before: one optimizer for the whole run
+    "train.loss": (None, "ce"),  # before: plain cross-entropy
+    "data.label_map": (None, None),  # before: always the file's own labels (null: no mapping)
+    "data.partition": (None, "expertise"),  # before: always expertise classes round-robin with skew
+    "data.dirichlet_alpha": (None, None),  # before: no Dirichlet partition
+    "data.images_per_client": (None, None),  # before: clients sized by images_per_class only
+    "participation": (None, 1.0),  # before: every client in every round
+    "algorithm.reduction": (("fedavg", "fedproto", "feddistill"), "mpi"),  # before: the float32 Allreduce
+    "privacy.noise": (None, "seeded"),  # before: a private run's draws came from the public seed
+}
+
+
+def _applies(algorithms: str | tuple[str, ...] | None, name) -> bool:
+    """An ``ADDED_LATER`` entry's algorithm(s) (None: every algorithm) include ``name``."""
+    return algorithms is None or name in ((algorithms,) if isinstance(algorithms, str) else algorithms)
+
+
+def with_added_keys(flat: dict) -> dict:
+    """A flat (dotted) config plus the ``ADDED_LATER`` keys it lacks, at their older-version values
+    (a ``privacy.`` key only where the config has a privacy section: without one, privacy is off)."""
+    name = flat.get("algorithm.name")
+    private = any(k.startswith("privacy.") for k in flat)
+    return {
+        **{
+            k: v
+            for k, (algorithms, v) in ADDED_LATER.items()
+            if _applies(algorithms, name) and (private or not k.startswith("privacy."))
+        },
+        **flat,
+    }
+
+
+def config_difference(saved: dict, current: dict, saved_as: str, current_as: str) -> str | None:
+    """The first key whose computed value differs between two resolved configs, or None; e.g.
+    ``algorithm.lambda: the checkpoint has 1.0, this run 0.3``. ``saved`` may predate a key of
+    ``ADDED_LATER``: it then counts as what the older version did."""
+    a, b = with_added_keys(computed_config(saved)), computed_config(current)
+    for key in sorted(set(a) | set(b)):
+        if a.get(key, "<absent>") != b.get(key, "<absent>"):
+            return f"{key}: {saved_as} has {a.get(key, '<absent>')!r}, {current_as} {b.get(key, '<absent>')!r}"
+    return None
+
+
+@dataclass
+class Config:
+    """The whole experiment. ``algorithm`` stays a mapping here; the registry validates it."""
+
+    clients: int = spec(4, ge=1, doc="number of clients (= MPI ranks unless clients_per_rank: balanced)")
+    clients_per_rank: Literal["one", "balanced"] = spec(
+        "one",
+        doc="one: one client per MPI rank; balanced: any R <= clients ranks, several clients per rank "
+        "trained in turn, assigned by training-set size (mpicd/mpi/assignment.py); the results are the same",
+    )
+    rounds: int = spec(20, ge=1, doc="communication rounds")
+    seed: int = spec(0, ge=0, doc="run seed: partition, initialisation, teachers, batches")
+    device: Literal["auto", "cpu", "cuda"] = spec("auto", doc="auto: one GPU per rank where there are GPUs, else CPU")
+    output: str = spec("results/run.h5", doc="results file (HDF5); --out overrides")
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    algorithm: dict = field(
+        default_factory=lambda: {"name": "codistill"},
+        metadata={"doc": "the method and its own keys (mpicd config --algorithm NAME)"},
+    )
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    participation: float = spec(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        doc="the fraction C of clients that train and communicate each round (FedAvg's C): a seeded sample "
+        "of max(1, floor(C clients)), the others keep their state (mpicd/run/participation.py)",
+    )
+    on_nonfinite: Literal["abort", "skip"] = spec(
+        "abort",
+        doc="NaN/inf in a loss or a payload: abort naming rank and round, or skip: drop that "
+        "client's update for the round (recorded in /metrics/skipped)",
+    )
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    timeout: TimeoutConfig = field(default_factory=TimeoutConfig)
+    privacy: Optional[PrivacyConfig] = field(
+        default=None,
+        metadata={"doc": "differential privacy (null: off)", "omit_when_none": True},
+    )
+
+    def __post_init__(self) -> None:
+        if self.privacy is not None and self.eval.diagnostics:
+            raise ConfigError(
+                "eval.diagnostics",
+                "is true, but privacy is on: its probe features (raw eval-mode representations of the teacher's "
+                "model) would reach the students outside the accountant; set eval.diagnostics: false, or privacy: null",
+            )
+        fail = self.debug
+        if fail.fail_rank is not None and fail.fail_rank >= self.clients:
+            raise ConfigError("debug.fail_rank", f"is {fail.fail_rank}, but ranks are 0..{self.clients - 1}")
+        if fail.fail_rank is not None and fail.fail_round >= self.rounds:
+            raise ConfigError("debug.fail_round", f"is {fail.fail_round}, but rounds are 0..{self.rounds - 1}")
+
+
+# --------------------------------------------------------------------------- description
+
+
+@dataclass(frozen=True)
+class KeyDoc:
+    """One key as ``mpicd config`` and the README's table show it."""
+
+    key: str  # dotted, as written in YAML
+    default: Any
+    allowed: str
+    doc: str
+
+
+def inline(value: Any) -> str:
+    """A value as one line of YAML, as the override parser reads it back."""
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()
+
+
+def _allowed(tp: Any, meta: typing.Mapping) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(inline(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_allowed(a, meta) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_allowed(typing.get_args(tp)[0], {})}s"
+    if tp in (int, float):
+        low = next(
+            (
+                (f"[{meta[b]:g}", f">= {meta[b]:g}") if b == "ge" else (f"({meta[b]:g}", f"> {meta[b]:g}")
+                for b in ("ge", "gt")
+                if b in meta
+            ),
+            None,
+        )
+        high = next(
+            (
+                (f"{meta[b]:g}]", f"<= {meta[b]:g}") if b == "le" else (f"{meta[b]:g})", f"< {meta[b]:g}")
+                for b in ("le", "lt")
+                if b in meta
+            ),
+            None,
+        )
+        name = "integer" if tp is int else "number"
+        if low and high:
+            return f"{name} in {low[0]}, {high[0]}"
+        return " ".join([name, *(bound[1] for bound in (low, high) if bound)])
+    return {bool: "true | false", str: "string", type(None): "null"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def describe(cls: type, prefix: str = "") -> list[KeyDoc]:
+    """Every key of dataclass ``cls`` with its default, allowed values and doc, sections recursively.
+
+    A mapping-valued field (``Config.algorithm``) is left out: its keys belong to the chosen algorithm.
+    """
+    hints = typing.get_type_hints(cls)
+    rows: list[KeyDoc] = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name.rstrip('_')}"
+        section = [a for a in typing.get_args(hints[f.name]) if dataclasses.is_dataclass(a)]
+        if dataclasses.is_dataclass(hints[f.name]) or section:  # an optional section: its keys
+            rows += describe(hints[f.name] if not section else section[0], f"{key}.")
+        elif hints[f.name] is not dict:
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            rows.append(KeyDoc(key, default, _allowed(hints[f.name], f.metadata), f.metadata.get("doc", "")))
+    return rows
+
+
+# --------------------------------------------------------------------------- loading
+
+# Config groups, as in Hydra: ``algorithm=fedavg`` (or ``algorithm: fedavg`` in a file) selects that
+# entry with its defaults, i.e. the section becomes {name: fedavg}; a mapping replaces the section.
+GROUPS = ("data", "model", "algorithm")
+
+
+def _select_group(key: str, value: Any) -> Any:
+    return {"name": value} if key in GROUPS and isinstance(value, str) else value
+
+
+def _check_method_switch(section: Any, name: Any) -> None:
+    """``algorithm.name=X`` keeps the section's other keys: refuse those X does not have, naming ``algorithm=X``."""
+    if not isinstance(section, dict) or section.get("name", name) == name or set(section) <= {"name"}:
+        return
+    from mpicd.algorithms import REGISTRY  # here, not at the top: the registry imports torch
+
+    if name not in REGISTRY:
+        return  # the registry's own check names the valid methods
+    own = {f.name.rstrip("_") for f in dataclasses.fields(REGISTRY[name].Params)}
+    foreign = sorted(set(section) - {"name"} - own)
+    if foreign:
+        raise ConfigError(
+            "algorithm.name",
+            f"{name} takes no {', '.join(foreign)} (left from {section['name']}): "
+            f"to switch method, write algorithm={name} (its defaults) or "
+            f"algorithm={{name: {name}, ...}}",
+        )
+
+
+def _parse_yaml(text: str, key: str, failure: str, source: str = "") -> Any:
+    """``yaml.safe_load(text)``, refusing a key written twice in one mapping (YAML would keep the last,
+    silently), and with every failure one ConfigError line: PyYAML's constructors raise ValueError,
+    KeyError, AttributeError... on bad scalars (``2001-02-30``, ``!!int x``), RecursionError on deep
+    nesting. ``key``: the dotted prefix of the parsed text; ``source``: where it comes from."""
+    loader = None
+    try:
+        loader = yaml.SafeLoader(text)  # already reads: refuses control characters
+        node = loader.get_single_node()
+        _refuse_duplicates(node, key, source or "the value")
+        return None if node is None else loader.construct_document(node)
+    except ConfigError:
+        raise
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        reason = " ".join(f"{err.context or ''} {err.problem or ''}".split())
+        raise ConfigError(_key_text(key) if key else "", f"{failure}: {reason}{where}") from None
+    except RecursionError:
+        raise ConfigError(_key_text(key) if key else "", f"{failure}: nested too deeply") from None
+    except Exception as err:  # noqa: BLE001 - PyYAML's constructors raise many types on bad input
+        reason = " ".join(str(err).split())[:300] or type(err).__name__
+        raise ConfigError(_key_text(key) if key else "", f"{failure}: {reason}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def _refuse_duplicates(node: Any, prefix: str, source: str) -> None:
+    """A key twice in one YAML mapping is an error naming its dotted key and both lines (aliases are
+    visited once, so a file of nested aliases costs its size, not its expansion)."""
+    seen_nodes: set[int] = set()
+    stack = [(node, prefix)]
+    while stack:
+        node, where = stack.pop()
+        if node is None or id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack += [(child, where) for child in node.value]
+        elif isinstance(node, yaml.MappingNode):
+            lines: dict[tuple[str, str], int] = {}
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    dotted = f"{where}.{_key_text(key_node.value)}" if where else _key_text(key_node.value)
+                    line = key_node.start_mark.line + 1
+                    if (key_node.tag, key_node.value) in lines:
+                        raise ConfigError(
+                            dotted,
+                            f"is set twice in {source} (lines "
+                            f"{lines[key_node.tag, key_node.value]} and {line}); "
+                            f"YAML would silently keep the last",
+                        )
+                    lines[key_node.tag, key_node.value] = line
+                    stack.append((value_node, dotted))
+                else:
+                    stack.append((value_node, where))
+
+
+def apply_override(tree: dict, assignment: str) -> None:
+    """Apply one ``dotted.key=value`` override in place; the value is parsed as YAML.
+
+    ``section=NAME`` for a group (data, model, algorithm) selects NAME with its defaults.
+    """
+    if "=" not in assignment:
+        raise ConfigError(_key_text(assignment), "an override must look like key=value, e.g. rounds=3")
+    dotted, raw = assignment.split("=", 1)
+    parts = dotted.strip().split(".")
+    if not all(parts):
+        raise ConfigError(_key_text(dotted), "empty key in override")
+    value = _parse_yaml(raw, dotted.strip(), f"cannot parse value {_show(raw)}") if raw.strip() else None
+    if parts == ["algorithm", "name"]:
+        if not isinstance(value, (str, type(None))):
+            raise ConfigError("algorithm.name", f"must be the name of a method, e.g. codistill, got {_show(value)}")
+        section = tree.get("algorithm")
+        odd = [k for k in section if not isinstance(k, str)] if isinstance(section, dict) else []
+        if odd:
+            raise ConfigError(f"algorithm.{_key_text(odd[0])}", "unknown key (keys are names)")
+        _check_method_switch(section, value)
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(".".join(parts[: i + 1]), "is not a section, cannot set a key inside it")
+        node = child
+    node[parts[-1]] = _select_group(parts[0], value) if len(parts) == 1 else value
+
+
+def load_tree(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> dict:
+    """Read the YAML file (or start empty) and apply overrides; no validation yet."""
+    tree: Any = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError("", f"config file {str(p)!r} does not exist")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError("", f"config file {str(p)!r} cannot be read as UTF-8 text: {err}") from None
+        tree = _parse_yaml(text, "", f"config file {str(p)!r} is not valid YAML", f"config file {str(p)!r}")
+        if tree is None:  # an empty file, or only comments
+            tree = {}
+        if not isinstance(tree, dict):
+            raise ConfigError("", f"config file {str(p)!r} must hold a mapping at the top level, got {_show(tree)}")
+        tree = {key: _select_group(key, value) for key, value in tree.items()}
+    for assignment in overrides:
+        apply_override(tree, assignment)
+    return tree
+
+
+def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Config file + overrides -> validated :class:`Config` (the algorithm section is checked by the registry)."""
+    cfg = from_mapping(Config, load_tree(path, overrides))
+    if "name" not in cfg.algorithm:
+        raise ConfigError("algorithm.name", "missing (e.g. codistill)")
+    if not isinstance(cfg.algorithm["name"], (str, type(None))):  # the registry would fail to look it up
+        raise ConfigError(
+            "algorithm.name", f"must be the name of a method, e.g. codistill, got {_show(cfg.algorithm['name'])}"
+        )
+    return cfg

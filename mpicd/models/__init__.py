@@ -1,0 +1,1 @@
+"""The networks (a feature extractor and a head) and the optimizers that train them."""

@@ -1,0 +1,1 @@
+"""Many runs: a base config and a grid of overrides (grid), and many runs in one allocation (pack)."""
