@@ -15,7 +15,9 @@ n=${1:?usage: jobs/mpirun.sh NRANKS mpicd-arguments...}; shift
 if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
-setsid mpirun -n "$n" --oversubscribe "$root/.venv/bin/python" -m mpicd "$@" &
+mapfile -t launcher < <("$root/.venv/bin/python" -m mpicd.mpi.launch --launcher mpirun -n "$n")
+[ ${#launcher[@]} -gt 0 ] || exit 2  # mpicd.mpi.launch has said why
+setsid "${launcher[@]}" "$root/.venv/bin/python" -m mpicd "$@" &
 pid=$! interrupts=0
 on_interrupt() {
   interrupts=$((interrupts + 1))

@@ -16,7 +16,7 @@ log() { printf '[setup] %s\n' "$*"; }
 source jobs/setup_lib.sh  # policy-rc.d, a site's Slurm, the wheel cache
 
 # 1. System packages (skipped when present): Open MPI, parallel HDF5, and Slurm + munge for the
-#    tests' throw-away cluster (tests/slurm_cluster.py starts its own daemons), unless the site has
+#    tests' throw-away cluster (tests/support/slurm_cluster.py starts its own daemons), unless the site has
 #    a Slurm of its own: never installed over (the Slurm tests use it or say why they skip). apt
 #    must not start any daemon: a policy-rc.d that says no is in place while it runs, and gone on
 #    every way out (with_policy_rc_d), unless the site has its own.

@@ -27,7 +27,7 @@ config_clients() {
   python - "$@" <<'PY'
 import sys
 from mpicd.cli import _parsers
-from mpicd.config.sections import ConfigError, load_config
+from mpicd.config import ConfigError, load_config
 args = _parsers()["run"].parse_intermixed_args(sys.argv[1:])
 try:
     print(load_config(args.config, args.overrides).clients)
@@ -38,12 +38,12 @@ PY
 }
 
 launch() {
-  local launcher=${MPICD_LAUNCHER:-$([ -n "${SLURM_JOB_ID:-}" ] && echo srun || echo mpirun)} cmd rc out tee_pid seen started
-  if [ "$launcher" = mpirun ]; then
-    cmd=(mpirun -n "${MPICD_NTASKS:?call require_ntasks first}" ${MPICD_MPIRUN_ARGS:-})
-  else
-    cmd=(srun ${MPICD_SRUN_ARGS:---mpi=pmix --kill-on-bad-exit=1})
-  fi
+  local launcher cmd rc out tee_pid seen started
+  # the command line from mpicd.mpi.launch (MPICD_LAUNCHER, MPICD_SRUN_ARGS, MPICD_MPIRUN_ARGS), with
+  # no --oversubscribe: inside an allocation its slots are the limit
+  mapfile -t cmd < <(python -m mpicd.mpi.launch --no-oversubscribe ${MPICD_NTASKS:+-n "$MPICD_NTASKS"})
+  [ ${#cmd[@]} -gt 0 ] || return 2  # mpicd.mpi.launch has said why
+  launcher=$([ "${cmd[0]}" = srun ] && echo srun || echo mpirun)
   local a
   for a in "$@"; do
     if [ "$a" = --overwrite ] && [ ${#resume[@]} -gt 0 ]; then

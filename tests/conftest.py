@@ -10,6 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mpicd.mpi import launch
+
+# the tests' own modules (data fixtures, clusters, shared steps) stand in tests/support/
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+
 ROOT = Path(__file__).resolve().parents[1]
 DRIVERS = Path(__file__).resolve().parent / "drivers"
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -35,7 +40,7 @@ def mpi_env() -> dict:
 
 def mpiexec(n: int, *args: str, timeout: float = 240, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """``mpiexec -n n python ARGS`` as a subprocess; a hang fails the test instead of stalling CI."""
-    command = ["mpiexec", "-n", str(n), "--oversubscribe", sys.executable, *args]
+    command = launch.command(n, [sys.executable, *args], launcher="mpirun")
     try:
         return subprocess.run(command, cwd=cwd, env=mpi_env(), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as err:
@@ -89,7 +94,7 @@ def rank_dumps(out: Path, variant: str, ranks: int) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def slurm(request, tmp_path_factory):
-    """A throw-away single-node Slurm (tests/slurm_cluster.py) for the session, stopped at its end."""
+    """A throw-away single-node Slurm (tests/support/slurm_cluster.py) for the session, stopped at its end."""
     from slurm_cluster import SlurmCluster, missing_binaries
 
     missing = missing_binaries()
@@ -113,9 +118,9 @@ def slurm(request, tmp_path_factory):
 
 
 def _netns_cluster(request, nodes: int):
-    """A throw-away cluster of ``nodes`` namespace nodes (jobs/netns_cluster.py), removed at the end
+    """A throw-away cluster of ``nodes`` namespace nodes (tests/support/netns_cluster.py), removed at the end
     whatever happened; skipped, with the reason printed, where it cannot run."""
-    sys.path.insert(0, str(ROOT / "jobs"))
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
     from netns_cluster import NetnsCluster, missing_binaries
 
     missing = missing_binaries()

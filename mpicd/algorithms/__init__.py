@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from mpicd.core.schema import ConfigError, from_mapping
 from mpicd.algorithms.base import Algorithm, Batch, Context, Payload, Sizes
 from mpicd.algorithms.centralized import Centralized
 from mpicd.algorithms.codistill import CoDistillation
@@ -11,6 +10,7 @@ from mpicd.algorithms.fedavg import FedAvg
 from mpicd.algorithms.feddistill import FedDistill
 from mpicd.algorithms.fedproto import FedProto
 from mpicd.algorithms.local import LocalOnly
+from mpicd.core.schema import ConfigError, from_mapping
 
 REGISTRY: dict[str, type[Algorithm]] = {
     CoDistillation.name: CoDistillation,

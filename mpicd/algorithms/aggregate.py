@@ -148,7 +148,7 @@ def allreduce_over_clients(
     the same bits on every layout (:meth:`mpicd.mpi.comm.Comm.allreduce_sum_exact`)."""
     if reduction == "exact":
         return ctx.comm.allreduce_sum_exact(
-            contributions, template, ctx.size, per_client=not one_per_rank(ctx), channel="payload"
+            contributions, template, ctx.clients, per_client=not one_per_rank(ctx), channel="payload"
         )
     if one_per_rank(ctx):
         (only,) = contributions.values()
@@ -164,7 +164,7 @@ def allreduce_payloads(members: list, round_index: int) -> np.ndarray:
         m.sent = m.payload(round_index)
     first = members[0]
     return allreduce_over_clients(
-        first.ctx, {m.ctx.rank: m.sent for m in taking}, first.local.payload(), first.params.reduction
+        first.ctx, {m.ctx.index: m.sent for m in taking}, first.local.payload(), first.params.reduction
     )
 
 

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from mpicd.core.schema import ConfigError
-from mpicd.mpi.accounting import KINDS
 from mpicd.models.networks import FeatureHeadModel, num_parameters
+from mpicd.mpi.accounting import KINDS
 
 if TYPE_CHECKING:  # the comm layer imports MPI; `mpicd check` must work without it
     from mpicd.mpi.comm import Comm
@@ -28,9 +28,9 @@ if TYPE_CHECKING:  # the comm layer imports MPI; `mpicd check` must work without
 class Context:
     """What an algorithm may know about its client and the run.
 
-    ``rank`` and ``size`` are the client's index and the number of clients (their names from when
-    a client was always a rank: with ``clients_per_rank: one`` they are the MPI rank and size);
-    ``comm.rank`` is the MPI rank, ``owner[i]`` the rank holding client i (:mod:`mpicd.mpi.assignment`).
+    ``index`` and ``clients`` are this client's index and the number of clients (with
+    ``clients_per_rank: one`` they equal the MPI rank and size); ``comm.rank`` is the MPI rank,
+    ``owner[i]`` the rank holding client i (:mod:`mpicd.mpi.assignment`).
     """
 
     comm: "Comm"
@@ -48,14 +48,14 @@ class Context:
 
     @property
     def participating(self) -> bool:
-        return self.participants is None or self.rank in self.participants
+        return self.participants is None or self.index in self.participants
 
     @property
-    def rank(self) -> int:
+    def index(self) -> int:
         return self.comm.rank if self.client is None else self.client
 
     @property
-    def size(self) -> int:
+    def clients(self) -> int:
         return self.comm.size if self.owner is None else len(self.owner)
 
     @property
@@ -119,7 +119,7 @@ def _evaluate(node: ast.AST, names: dict) -> int:
 @dataclass(frozen=True)
 class Payload:
     """What one rank sends each round under some options: the single declaration that the README
-    table (:func:`mpicd.algorithms.payload_table`), ``jobs/bench_comm.py`` and the byte tests read.
+    table (:func:`mpicd.algorithms.payload_table`), ``tools/bench_comm.py`` and the byte tests read.
 
     ``sent`` / ``recv`` are one client's bytes per round as formulas in N, C, D, P, B (:class:`Sizes`)
     and S, the number of students it serves in the round (co-distillation's plan): what it sends

@@ -50,12 +50,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpicd.core.schema import ConfigError, spec
-from mpicd.core import seeds
-from mpicd.privacy.gaussian import gaussian_sum
-from mpicd.privacy.sampling import poisson_subset
 from mpicd.algorithms.aggregate import allgather_over_clients, eval_rows, one_per_rank
 from mpicd.algorithms.base import Algorithm, Batch, Context, Payload, Sizes
+from mpicd.core import seeds
+from mpicd.core.schema import ConfigError, spec
+from mpicd.privacy.gaussian import gaussian_sum
+from mpicd.privacy.sampling import poisson_subset
 
 MEAN_CHUNK = 256  # images per forward pass when a teacher averages its features
 
@@ -208,9 +208,9 @@ class CoDistillation(Algorithm):
 
     def __init__(self, params: CoDistillParams, ctx: Context):
         super().__init__(params, ctx)
-        self.teachers = np.full(ctx.size, -1, dtype=np.int64)
+        self.teachers = np.full(ctx.clients, -1, dtype=np.int64)
         self.shared_classes = (
-            list(range(ctx.num_classes)) if params.classes == "all" else [int(ctx.expertise[ctx.rank])]
+            list(range(ctx.num_classes)) if params.classes == "all" else [int(ctx.expertise[ctx.index])]
         )
         self.received: dict[int, torch.Tensor] = {}  # teacher -> its (classes shared, D) means
         self.batch_teachers: np.random.Generator | None = None
@@ -222,7 +222,7 @@ class CoDistillation(Algorithm):
         (index,) = torch.nonzero(ctx.train_y == c, as_tuple=True)
         if self.params.k == "all":
             return index
-        pick = seeds.rng(ctx.seed, seeds.K_SUBSET, ctx.rank, round_index, c).choice(
+        pick = seeds.rng(ctx.seed, seeds.K_SUBSET, ctx.index, round_index, c).choice(
             len(index), size=self.params.k, replace=False
         )
         return index[torch.as_tensor(np.sort(pick), device=index.device)]
@@ -283,20 +283,22 @@ class CoDistillation(Algorithm):
         of this rank: point to point (:meth:`_send_to_students`), or one Allgather(v) of every
         client's means with ``teacher_per: batch`` or ``classes: all``."""
         ctx = members[0].ctx
-        teachers = teacher_assignment(ctx.seed, round_index, ctx.size, ctx.participants)
+        teachers = teacher_assignment(ctx.seed, round_index, ctx.clients, ctx.participants)
         for m in members:
             m.teachers, m.received = teachers, {}
-        if ctx.size < 2:
+        if ctx.clients < 2:
             return
         params = members[0].params
         if params.teacher_per == "round" and params.classes == "expertise":
             cls._send_to_students(members, round_index)
             return
-        everyone = allgather_over_clients(ctx, {m.ctx.rank: m.class_means(round_index) for m in members})
+        everyone = allgather_over_clients(ctx, {m.ctx.index: m.class_means(round_index) for m in members})
         for m in members:
-            m.received = {t: torch.from_numpy(everyone[t]).to(m.ctx.device) for t in range(ctx.size) if t != m.ctx.rank}
+            m.received = {
+                t: torch.from_numpy(everyone[t]).to(m.ctx.device) for t in range(ctx.clients) if t != m.ctx.index
+            }
             if params.teacher_per == "batch":
-                m.batch_teachers = seeds.rng(ctx.seed, seeds.BATCH_TEACHERS, round_index, m.ctx.rank)
+                m.batch_teachers = seeds.rng(ctx.seed, seeds.BATCH_TEACHERS, round_index, m.ctx.index)
 
     def drop_update(self, round_index: int) -> None:
         self.dropping = round_index  # dropped before the exchange: this round's students get nothing
@@ -312,7 +314,7 @@ class CoDistillation(Algorithm):
         per rank its students get an empty message and train without the term."""
         ctx = members[0].ctx
         comm, owner, teachers = ctx.comm, ctx.owners, members[0].teachers
-        mine = {m.ctx.rank: m for m in members}
+        mine = {m.ctx.index: m for m in members}
         means: dict[int, np.ndarray] = {}  # this rank's teachers of the round: their R (1, width)
         for t, m in mine.items():
             if np.any(teachers == t) and m.dropping != round_index:
@@ -359,10 +361,10 @@ class CoDistillation(Algorithm):
     def batch_teacher(self) -> int:
         """The teacher of the next minibatch: t(rank), or with ``teacher_per: batch`` a fresh
         uniform draw among the other clients (one draw per call)."""
-        rank = self.ctx.rank
+        rank = self.ctx.index
         if self.batch_teachers is None:
             return int(self.teachers[rank])
-        draw = int(self.batch_teachers.integers(0, self.ctx.size - 1))
+        draw = int(self.batch_teachers.integers(0, self.ctx.clients - 1))
         return draw + (draw >= rank)
 
     def extra_loss(self, batch: Batch) -> torch.Tensor | None:
@@ -383,7 +385,7 @@ class CoDistillation(Algorithm):
         return self.params.lambda_ * F.mse_loss(selected, means[0].expand_as(selected))
 
     def teacher(self) -> int:
-        return -1 if self.params.teacher_per == "batch" else int(self.teachers[self.ctx.rank])
+        return -1 if self.params.teacher_per == "batch" else int(self.teachers[self.ctx.index])
 
     def round_teachers(self) -> np.ndarray | None:
         """eval.diagnostics: the round's shared assignment t(i) of every rank (-1 for a single
@@ -396,7 +398,7 @@ class CoDistillation(Algorithm):
         None when nothing was received or teachers are drawn per minibatch."""
         if self.params.teacher_per == "batch" or not self.received:
             return None
-        teacher = int(self.teachers[self.ctx.rank])
+        teacher = int(self.teachers[self.ctx.index])
         model = self.ctx.model
         classes = self.shared_classes if self.params.classes == "all" else [int(self.ctx.expertise[teacher])]
         return classes, self.received[teacher], model if self.params.share == "logits" else model.features

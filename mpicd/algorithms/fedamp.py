@@ -54,10 +54,10 @@ from typing import Literal, Union
 import numpy as np
 import torch
 
-from mpicd.models.networks import num_parameters
-from mpicd.core.schema import ConfigError, spec
-from mpicd.algorithms.base import Algorithm, Batch, Context, Payload
 from mpicd.algorithms.aggregate import allgather_over_clients, assign, flatten
+from mpicd.algorithms.base import Algorithm, Batch, Context, Payload
+from mpicd.core.schema import ConfigError, spec
+from mpicd.models.networks import num_parameters
 
 
 def squared_distances(models: np.ndarray, i: int) -> np.ndarray:
@@ -249,7 +249,7 @@ class FedAMP(Algorithm):
     def __init__(self, params: FedAMPParams, ctx: Context):
         super().__init__(params, ctx)
         self.num_parameters = num_parameters(ctx.model)
-        self.alpha = alpha_per_parameter(params, ctx.size) * self.num_parameters  # the formula's alpha
+        self.alpha = alpha_per_parameter(params, ctx.clients) * self.num_parameters  # the formula's alpha
         self.sigma = params.sigma * self.num_parameters  # the formula's sigma
         self.xi: np.ndarray | None = None  # this rank's row of xi, last round
         self.cloud: list[torch.Tensor] | None = None  # u_i, shaped like the parameters (no grad)
@@ -282,7 +282,7 @@ class FedAMP(Algorithm):
         self.frozen = state.get("frozen")
 
     def weights(self, models: np.ndarray) -> np.ndarray:
-        i = self.ctx.rank
+        i = self.ctx.index
         if self.params.similarity == "cosine":
             return cosine_weights(models, i, self.params.self_weight, self.params.cosine_scale)
         return gaussian_weights(squared_distances(models, i), i, self.alpha, self.sigma)
@@ -299,7 +299,7 @@ class FedAMP(Algorithm):
             member._after_ring()
             return
         ctx = members[0].ctx
-        models = allgather_over_clients(ctx, {m.ctx.rank: m.shared() for m in members})
+        models = allgather_over_clients(ctx, {m.ctx.index: m.shared() for m in members})
         for m in members:
             m.xi = m.weights(models)
             m._set_cloud(cloud_model(models, m.xi))
@@ -313,8 +313,8 @@ class FedAMP(Algorithm):
         own, cfg = self.shared(), self.params
         self.xi, u = streaming_cloud(
             own,
-            self.ctx.rank,
-            self.ctx.size,
+            self.ctx.index,
+            self.ctx.clients,
             ring(self.ctx.comm, own),
             cfg.similarity,
             self.alpha,

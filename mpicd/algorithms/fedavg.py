@@ -26,9 +26,9 @@ from typing import Literal
 
 import numpy as np
 
-from mpicd.core.schema import spec
 from mpicd.algorithms.aggregate import REDUCTION_DOC, allreduce_over_clients, assign, averaged_tensors, flatten
 from mpicd.algorithms.base import Algorithm, Payload
+from mpicd.core.schema import spec
 
 
 @dataclass
@@ -87,7 +87,7 @@ class FedAvg(Algorithm):
     def after_round(cls, members: list["FedAvg"], round_index: int) -> None:
         """The rank sums its participating clients' contributions, then one Allreduce (mpicd.mpi.comm);
         every client takes the average (mpicd.run.participation)."""
-        mine = {m.ctx.rank: m.payload() for m in members if m.ctx.participating}
+        mine = {m.ctx.index: m.payload() for m in members if m.ctx.participating}
         template = mine[min(mine)] if mine else members[0].payload()
         total = allreduce_over_clients(members[0].ctx, mine, template, members[0].params.reduction)
         for m in members:

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpicd.core.schema import spec
 from mpicd.algorithms.base import Algorithm, Batch, Context, Payload
+from mpicd.core.schema import spec
 from mpicd.algorithms.aggregate import (
     REDUCTION_DOC,
     PerClassMeans,

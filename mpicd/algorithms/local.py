@@ -13,4 +13,4 @@ class LocalOnly(Algorithm):
 
     @classmethod
     def check_private(cls, params) -> None:
-        """Nothing leaves the rank: privacy costs nothing (epsilon 0, the reference of issue 20)."""
+        """Nothing leaves the rank: privacy costs nothing (epsilon 0: the privacy study's reference)."""

@@ -1,8 +1,8 @@
 """``mpicd bench``: what a round costs, where its time goes, how it compares, and how it would scale.
 
-Started without mpirun: it launches its own MPI jobs (``mpirun``/``mpiexec``; Open MPI gets
-``--oversubscribe``, and ``--allow-run-as-root`` as root; inside a Slurm allocation ``srun
---mpi=pmix``) and reads the results files they write. One job of N ranks (``--ranks``) measures,
+Started without mpirun: it launches its own MPI jobs (the command line from
+:func:`mpicd.mpi.launch.command`: mpirun or mpiexec outside Slurm, srun inside an allocation) and
+reads the results files they write. One job of N ranks (``--ranks``) measures,
 repeat after repeat, in alternating order so that background load hits every side alike:
 
 1. overhead: rank 0 alone (the others wait asleep) runs ``local`` on one client through mpicd's
@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from mpicd.bench.anatomy import anatomy, compute_per_round, network, overhead, parallel, startup
-from mpicd.bench.harness import ALGORITHMS, ROOT, BenchError, Settings, machine, run_job, settings_for
+from mpicd.bench.harness import ALGORITHMS, ROOT, BenchError, machine, run_job, Settings, settings_for
 from mpicd.bench.plot import plot
 from mpicd.bench.projection import comm_model, projection
 from mpicd.bench.render import render
@@ -47,7 +47,8 @@ from mpicd.bench.render import render
 
 def bench(s: Settings, log=print) -> dict:
     """Run every part and return the figures (the JSON). Imports no torch: the jobs do the work."""
-    from mpicd.config.sections import ConfigError, load_config
+    from mpicd.config.loading import load_config
+    from mpicd.config.sections import ConfigError
 
     cfg = load_config(s.config, [*s.overrides, f"clients={s.ranks}"])  # bad input fails here, not in MPI
     if cfg.data.path and not Path(cfg.data.path).exists():

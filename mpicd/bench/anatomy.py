@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mpicd.bench.harness import ALGORITHMS, ROOT, BenchError, Settings, run_job, stats
+from mpicd.bench.harness import ALGORITHMS, ROOT, BenchError, run_job, Settings, stats
 
 
 def _results(path: Path):
-    from mpicd.results.file import Results
+    from mpicd.results.reader import Results
 
     return Results(path)
 

@@ -70,15 +70,15 @@ def holding_one(config: str, overrides: list[str], clients: int, rounds: int, mo
 
     import torch
 
+    from mpicd.config.loading import load_config
+    from mpicd.mpi.accounting import ByteLedger
     from mpicd.run.client import Client
-    from mpicd.config.sections import load_config
-    from mpicd.mpi.accounting import Ledger
     from mpicd.run.plan import prepare
 
     torch.set_num_threads(1)
     cfg = load_config(config, [*overrides, f"clients={clients}", "algorithm={name: local}"])
     plan = prepare(cfg)
-    comm = types.SimpleNamespace(rank=0, size=1, ledger=Ledger())
+    comm = types.SimpleNamespace(rank=0, size=1, ledger=ByteLedger())
     shared: dict = {}
     owner = np.zeros(clients, dtype=np.int64)
 
@@ -235,7 +235,7 @@ def one_run(config: str, overrides: list[str], algorithm: str, clients: int, ran
     lines (rank 0 prints one after each round's row is written): a round as the user waits for it."""
     import yaml
 
-    from mpicd.results.file import Results
+    from mpicd.results.reader import Results
 
     argv = ["-m", "mpicd", "run", config, *overrides, f"clients={clients}", "clients_per_rank=balanced",
             f"rounds={rounds}", f"algorithm={{name: {algorithm}}}", "checkpoint.every=0", "--out", str(out)]  # fmt: skip
@@ -376,12 +376,12 @@ def alone_one(config: str, overrides: list[str], algorithm: str, clients: int, r
 
     import torch
 
-    from mpicd.run.client import Client
-    from mpicd.config.sections import load_config
-    from mpicd.mpi.assignment import Layout
-    from mpicd.mpi.accounting import Ledger
-    from mpicd.run.plan import prepare
+    from mpicd.config.loading import load_config
+    from mpicd.mpi.accounting import ByteLedger
+    from mpicd.mpi.assignment import Assignment
     from mpicd.mpi.placement import cpu_threads, deterministic_algorithms
+    from mpicd.run.client import Client
+    from mpicd.run.plan import prepare
 
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= ranks:
         os.sched_setaffinity(0, {rank})
@@ -391,8 +391,8 @@ def alone_one(config: str, overrides: list[str], algorithm: str, clients: int, r
     extra = [f"clients={clients}", "clients_per_rank=balanced", f"algorithm={{name: {algorithm}}}", "device=cpu"]
     plan = prepare(load_config(config, [*overrides, *extra]))
     splits = ("test", "val") if plan.dataset.val is not None else ("test",)
-    layout = Layout.of(plan.partition.train_counts.sum(axis=1), ranks, rank)
-    comm = types.SimpleNamespace(rank=rank, size=ranks, ledger=Ledger())
+    layout = Assignment.of(plan.partition.train_counts.sum(axis=1), ranks, rank)
+    comm = types.SimpleNamespace(rank=rank, size=ranks, ledger=ByteLedger())
     shared: dict = {}
     held = [Client(plan, comm, "cpu", c, layout.owner, shared) for c in layout.mine]
     if algorithm == "codistill":

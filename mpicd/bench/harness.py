@@ -4,12 +4,10 @@ the flags this machine needs; a job that fails or overruns its timeout is killed
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import platform
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from mpicd.mpi import launch
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,35 +121,13 @@ def settings_for(args) -> Settings:
 
 
 def launcher(n: int, unbound: bool = False) -> list[str]:
-    """The command prefix that starts ``n`` ranks here: srun inside Slurm, else mpirun/mpiexec.
-
-    ``unbound``: no binding of ranks to cores (Open MPI binds each of up to 2 ranks to one core),
-    for the job whose rank 0 also trains alone with all the cores.
-    """
-    if "SLURM_JOB_ID" in os.environ and shutil.which("srun"):
-        return ["srun", "--mpi=pmix", "-n", str(n), "--kill-on-bad-exit=1"]
-    path, flags = _mpirun()
-    openmpi = "--oversubscribe" in flags
-    return [path, "-n", str(n), *flags, *(["--bind-to", "none"] if unbound and openmpi else [])]
-
-
-@functools.cache
-def _mpirun() -> tuple[str, tuple[str, ...]]:
-    """mpirun (or mpiexec) and the flags it needs here: Open MPI's --oversubscribe, as root
-    --allow-run-as-root (MPICH's Hydra oversubscribes without being asked)."""
-    for name in ("mpirun", "mpiexec"):
-        path = shutil.which(name)
-        if path:
-            break
-    else:
-        raise BenchError("neither mpirun nor mpiexec is on PATH (nor is this a Slurm allocation)")
-    version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
-    flags: list[str] = []
-    if "Open MPI" in version.stdout + version.stderr or "OpenRTE" in version.stdout + version.stderr:
-        flags.append("--oversubscribe")
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            flags.append("--allow-run-as-root")
-    return path, tuple(flags)
+    """The command prefix that starts ``n`` ranks here (:func:`mpicd.mpi.launch.command`: srun inside
+    Slurm, else mpirun); ``unbound``: no binding of ranks to cores, for the job whose rank 0 also
+    trains alone with all the cores."""
+    try:
+        return launch.command(n, unbound=unbound)
+    except launch.LaunchError as err:
+        raise BenchError(str(err)) from None
 
 
 def run_job(

@@ -19,17 +19,17 @@ def _mpicd_run(comm, config: str, overrides: list[str], out: Path, threads: int 
 
     import torch
 
-    from mpicd.config.sections import load_config
-    from mpicd.run.loop import run
-    from mpicd.run.plan import prepare
+    from mpicd.config.loading import load_config
     from mpicd.mpi.placement import place
+    from mpicd.run.loop import run_rounds
+    from mpicd.run.plan import prepare
 
     plan = prepare(load_config(config, overrides))
     placement = place(comm.mpi, plan.config.device)
     if threads is not None:
         torch.set_num_threads(threads)
         placement = dataclasses.replace(placement, threads=threads)
-    run(plan, comm, placement, out, log=lambda line: None)
+    run_rounds(plan, comm, placement, out, log=lambda line: None)
 
 
 def _alone(spec: dict, repeat: int, out: Path) -> dict:
@@ -37,10 +37,10 @@ def _alone(spec: dict, repeat: int, out: Path) -> dict:
     import torch
     from mpi4py import MPI
 
+    from mpicd.config.loading import load_config
     from mpicd.mpi.comm import Comm
-    from mpicd.config.sections import load_config
-    from mpicd.run.plan import prepare
     from mpicd.mpi.placement import choose_device, cpu_threads
+    from mpicd.run.plan import prepare
 
     threads = spec["threads"] or cpu_threads(1)  # default: what mpicd gives one rank alone here
     one = [*spec["overrides"], "clients=1", "algorithm=local"]
@@ -118,7 +118,7 @@ def worker(spec_path: str) -> int:
         if world.Get_rank() == 0:
             import torch
 
-            from mpicd.config.sections import load_config
+            from mpicd.config.loading import load_config
             from mpicd.run.plan import prepare
 
             raw["models"] = model_sizes(prepare(load_config(spec["config"], common)))

@@ -57,7 +57,7 @@ def busiest_teacher(n: int, seed: int = 0, rounds: int = 32) -> float:
 
 def comm_model(name: str, n: int, sizes: dict, latency: float, bandwidth: float) -> float:
     """Projected seconds of one round's exchange of ``name`` on ``n`` ranks (see ASSUMPTIONS)."""
-    from mpicd.algorithms import Sizes, resolve
+    from mpicd.algorithms import resolve, Sizes
 
     cls, params = resolve({"name": name})
     students = busiest_teacher(n) if name == "codistill" else 0

@@ -3,7 +3,7 @@
 For each N, two runs of the quick start (``configs/quickstart.yaml``, no checkpoints) on N ranks,
 one after the other in the same invocation: the rows flushed every round
 (``checkpoint.flush_every=1``: mpicd before buffering) and the default (``auto``: every
-ceil(N / 4) rounds, :func:`mpicd.results.file.flush_interval`). A round's write is, from
+ceil(N / 4) rounds, :func:`mpicd.results.writer.flush_interval`). A round's write is, from
 ``/metrics/write_seconds``, that of the rank that waited least (the smallest: the last to arrive
 at the collective flush, so the write itself, not the wait for slower ranks). Its mean over the
 rounds after the first (a warm-up) is the amortised cost per round: buffered rounds cost almost
@@ -23,7 +23,7 @@ SETTINGS = {"every_round": "checkpoint.flush_every=1", "auto": "checkpoint.flush
 
 def least_waiting_write(path: Path) -> dict:
     """Per round (after the first), the smallest write seconds over the ranks: mean and median, in s."""
-    from mpicd.results.file import Results
+    from mpicd.results.reader import Results
 
     seconds = np.asarray(Results(path).metrics["write_seconds"][1:], dtype=float)
     per_round = np.nanmin(seconds, axis=1)
@@ -37,7 +37,7 @@ def sweep(
 
     ``run_job(n, argv, timeout)``: launches ``n`` ranks of ``python ARGV`` (mpicd.bench.run_job).
     """
-    from mpicd.results.file import flush_interval
+    from mpicd.results.writer import flush_interval
 
     out: dict = {"ranks": list(ranks), "rounds": rounds, "config": str(config)}
     for name in SETTINGS:

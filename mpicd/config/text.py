@@ -5,9 +5,80 @@ tables (``mpicd config --markdown``), from the declarations in mpicd.config.sect
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+import yaml
 
 from mpicd import __version__
-from mpicd.config.sections import Config, KeyDoc, describe, inline
+from mpicd.config.sections import Config
+
+
+@dataclass(frozen=True)
+class KeyDoc:
+    """One key as ``mpicd config`` and the README's table show it."""
+
+    key: str  # dotted, as written in YAML
+    default: Any
+    allowed: str
+    doc: str
+
+
+def inline(value: Any) -> str:
+    """A value as one line of YAML, as the override parser reads it back."""
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()
+
+
+def _allowed(tp: Any, meta: typing.Mapping) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(inline(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_allowed(a, meta) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_allowed(typing.get_args(tp)[0], {})}s"
+    if tp in (int, float):
+        low = next(
+            (
+                (f"[{meta[b]:g}", f">= {meta[b]:g}") if b == "ge" else (f"({meta[b]:g}", f"> {meta[b]:g}")
+                for b in ("ge", "gt")
+                if b in meta
+            ),
+            None,
+        )
+        high = next(
+            (
+                (f"{meta[b]:g}]", f"<= {meta[b]:g}") if b == "le" else (f"{meta[b]:g})", f"< {meta[b]:g}")
+                for b in ("le", "lt")
+                if b in meta
+            ),
+            None,
+        )
+        name = "integer" if tp is int else "number"
+        if low and high:
+            return f"{name} in {low[0]}, {high[0]}"
+        return " ".join([name, *(bound[1] for bound in (low, high) if bound)])
+    return {bool: "true | false", str: "string", type(None): "null"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def describe(cls: type, prefix: str = "") -> list[KeyDoc]:
+    """Every key of dataclass ``cls`` with its default, allowed values and doc, sections recursively.
+
+    A mapping-valued field (``Config.algorithm``) is left out: its keys belong to the chosen algorithm.
+    """
+    hints = typing.get_type_hints(cls)
+    rows: list[KeyDoc] = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name.rstrip('_')}"
+        section = [a for a in typing.get_args(hints[f.name]) if dataclasses.is_dataclass(a)]
+        if dataclasses.is_dataclass(hints[f.name]) or section:  # an optional section: its keys
+            rows += describe(hints[f.name] if not section else section[0], f"{key}.")
+        elif hints[f.name] is not dict:
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            rows.append(KeyDoc(key, default, _allowed(hints[f.name], f.metadata), f.metadata.get("doc", "")))
+    return rows
 
 
 def _algorithm_rows(name: str) -> list[KeyDoc]:

@@ -24,7 +24,7 @@ Why distinct (purpose, key) pairs give distinct numpy streams for one seed, by c
    seeding maps bijectively to the generator's state for a given increment.
 
 So distinct (purpose, key) -> distinct words -> distinct pool -> distinct generator state.
-tests/test_seeds.py inverts step 2 against the installed numpy and checks every stream of a run.
+tests/core/test_seeds.py inverts step 2 against the installed numpy and checks every stream of a run.
 Torch's CPU generator (mt19937) keeps only the low 32 bits of a seed, so no encoding can make
 :func:`torch_seed` values distinct by construction; the tests check a run's torch seeds differ.
 """

@@ -6,10 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mpicd.config.sections import ConfigError, DataConfig
-from mpicd.data import aptos
-from mpicd.data import breast_cancer
-from mpicd.data import covid
-from mpicd.data import medmnist
+from mpicd.data import aptos, breast_cancer, covid, medmnist
 from mpicd.data.base import Arrays, Dataset
 
 __all__ = ["Arrays", "Dataset", "LOADERS", "load_dataset"]

@@ -11,7 +11,7 @@ import csv
 import numpy as np
 
 from mpicd.config.sections import ConfigError, DataConfig
-from mpicd.data.base import Dataset, check_fits_in_memory, existing_path, read_grey_png, reject_unused, split_dataset
+from mpicd.data.base import check_fits_in_memory, Dataset, existing_path, read_grey_png, reject_unused, split_dataset
 
 CLASS_NAMES = ("no_dr", "dr")
 DEFAULT_SIZE = 64

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from mpicd.core import seeds
 from mpicd.config.sections import ConfigError, DataConfig
+from mpicd.core import seeds
 
 # Distinct random streams per split, so the validation draw never moves the held-out set.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpicd.config.sections import ConfigError, DataConfig
-from mpicd.data.base import Dataset, check_fits_in_memory, existing_path, read_grey_png, reject_unused, split_dataset
+from mpicd.data.base import check_fits_in_memory, Dataset, existing_path, read_grey_png, reject_unused, split_dataset
 
 DEFAULT_CLASSES = ("Normal", "COVID")
 DEFAULT_SIZE = 64

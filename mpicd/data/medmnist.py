@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from mpicd.config.sections import ConfigError, DataConfig
-from mpicd.data.base import Arrays, Dataset, check_fits_in_memory, existing_path, make_dataset
+from mpicd.data.base import Arrays, check_fits_in_memory, Dataset, existing_path, make_dataset
 
 SPLITS = ("train", "val", "test")
 KNOWN_CLASS_NAMES = {

@@ -25,9 +25,9 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from mpicd.mpi.comm import Comm
 from mpicd.config.sections import ConfigError
 from mpicd.data import Arrays, Dataset
+from mpicd.mpi.comm import Comm
 
 _ALIGN = 64  # every array starts on a cache line
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpicd.core import seeds
 from mpicd.config.sections import ConfigError
+from mpicd.core import seeds
 
 SKEW_MODES = ("symmetric", "authors")
 SCHEMES = ("expertise", "natural", "dirichlet")

@@ -6,7 +6,7 @@ anything is compiled. On one rank that is ~2 s of CPU and ~150 MiB of memory, pa
 every rank of a node: with 4 ranks on 2 cores, 4 s of a 11 s start-up. mpicd never compiles, so
 it steps the parameters itself with the same tensor operations, in the same order, as torch's
 single-tensor implementations (what ``torch.optim.Adam`` / ``SGD`` run on CPU by default), which
-makes every result bit-identical to theirs on CPU (``tests/test_optim.py`` checks against
+makes every result bit-identical to theirs on CPU (``tests/models/test_optim.py`` checks against
 torch.optim). ``state_dict`` has torch's layout, so checkpoints load either way.
 
 Supported: Adam (betas, eps, L2 ``weight_decay``) and SGD (``momentum``, L2 ``weight_decay``,

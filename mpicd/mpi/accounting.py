@@ -1,4 +1,5 @@
-"""What the ledger counts, without MPI: byte and second totals per kind of operation, per round.
+"""The byte ledger (what crosses MPI, counted), without MPI: byte and second totals per kind of
+operation, per round. (The runs ledger, a sweep's finished scores, is mpicd.report.ledger.)
 
 Kept apart from :mod:`mpicd.mpi.comm` (which needs mpi4py) so that reading results files, the report
 and ``mpicd check`` work on a machine without MPI. What each kind's counts mean is defined in
@@ -34,7 +35,7 @@ class Traffic:
         return sum(self.bytes_recv.values())
 
 
-class Ledger:
+class ByteLedger:
     """Per-round accounting: ``begin_round`` opens a row, ``end_round`` closes and returns it.
 
     Two figures per round. ``current`` (returned by ``end_round``): what crossed MPI from this rank.

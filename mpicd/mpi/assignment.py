@@ -29,7 +29,7 @@ def assign(train_sizes, ranks: int) -> np.ndarray:
     sizes = [int(s) for s in np.asarray(train_sizes).reshape(-1)]
     clients = len(sizes)
     if not 1 <= ranks <= clients:
-        raise ValueError(f"layout: {ranks} ranks for {clients} clients (need 1 <= ranks <= clients)")
+        raise ValueError(f"assignment: {ranks} ranks for {clients} clients (need 1 <= ranks <= clients)")
     if ranks == clients:
         return np.arange(clients, dtype=np.int64)
     load, count = [0] * ranks, [0] * ranks
@@ -65,7 +65,7 @@ def check_ranks(clients: int, ranks: int, mode: str, hint: str) -> None:
         )
 
 
-class Layout:
+class Assignment:
     """The run's assignment, the same on every rank: ``owner[i]`` is client i's rank."""
 
     def __init__(self, owner: np.ndarray, rank: int):
@@ -76,11 +76,11 @@ class Layout:
         self.mine = clients_of(self.owner, rank)
 
     @classmethod
-    def of(cls, train_sizes, ranks: int, rank: int) -> "Layout":
+    def of(cls, train_sizes, ranks: int, rank: int) -> "Assignment":
         return cls(assign(train_sizes, ranks), rank)
 
     @classmethod
-    def one_per_rank(cls, clients: int, rank: int) -> "Layout":
+    def one_per_rank(cls, clients: int, rank: int) -> "Assignment":
         return cls(np.arange(clients, dtype=np.int64), rank)
 
     def held_by(self, rank: int) -> list[int]:

@@ -25,7 +25,7 @@ Traffic outside a round (start-up agreement, the writer's gathers) is counted in
 Every transfer names its channel (:mod:`mpicd.mpi.channels`: why the bytes cross, protocol or
 instrumentation); a channel that is not declared, or a dtype or operation it does not declare,
 is refused before anything is sent (:class:`ProtocolError`), and the ledger counts each
-channel's bytes over the run (``Ledger.channels``).
+channel's bytes over the run (``ByteLedger.channels``).
 
 Two guards, so that nothing wrong crosses MPI silently:
 
@@ -47,7 +47,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpicd.mpi.channels import CHANNELS, Channel
-from mpicd.mpi.accounting import KINDS, Ledger, Traffic  # noqa: F401  (KINDS, Traffic: re-exported)
+from mpicd.mpi.accounting import KINDS, ByteLedger, Traffic  # noqa: F401  (KINDS, Traffic: re-exported)
 
 _MPI_TYPES = {
     np.dtype(np.float32): MPI.FLOAT,
@@ -87,7 +87,7 @@ class Comm:
         self.mpi = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
-        self.ledger = Ledger()
+        self.ledger = ByteLedger()
         # Called at every transfer with its name and send buffers, before this rank posts its side
         # (fault injection, the watchdog's phase), and after it completes; None: nothing to call.
         self.on_transfer: Callable[[str, list[np.ndarray]], None] | None = None
@@ -195,7 +195,7 @@ class Comm:
         derives both sides from the same shared plan): nothing blocks until all are posted.
         A received message of the wrong size is an error, never a silently short buffer.
         ``clients``: the (sent, received) deployment bytes of each client this rank holds, when the
-        messages carry several clients' payloads (:meth:`mpicd.mpi.accounting.Ledger.record_client`).
+        messages carry several clients' payloads (:meth:`mpicd.mpi.accounting.ByteLedger.record_client`).
         """
         self._open(channel, "p2p", [buf for _, buf in sends] + [buf for _, buf in recvs])
         self._enter("p2p", [buf for _, buf in sends])

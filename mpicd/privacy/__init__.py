@@ -1,4 +1,4 @@
-"""Differential privacy for what leaves a rank (issue 20): mechanisms, accountant, DP-SGD, audit.
+"""Differential privacy for what leaves a rank: mechanisms, accountant, DP-SGD, audit.
 
 One concept per module:
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from mpicd.privacy import secret
 from mpicd.privacy.accountant import Accountant, noise_multiplier
 from mpicd.privacy.gaussian import release_multiplier
-from mpicd.privacy import secret
 from mpicd.privacy.streams import RELEASE, stream
 
 

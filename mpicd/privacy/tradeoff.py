@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpicd.privacy.accountant import Accountant, _check_delta, privacy_loss
+from mpicd.privacy.accountant import _check_delta, Accountant, privacy_loss
 
 EPSILON_GRID = np.linspace(0.0, 40.0, 4001)  # the profile is read at these epsilons (step 0.01)
 THRESHOLDS = 201  # quantiles of the calibration scores tried as thresholds

@@ -41,11 +41,11 @@ from mpicd.report.runs import (
     SPLITS,
     summarize,
 )
+from mpicd.report.export import write_csv, write_versus_csv
+from mpicd.report.plots import plot, plot_bytes, plot_rounds
 from mpicd.report.sources import collect
 from mpicd.report.stats import mean_sd, Paired, t_quantile, versus
 from mpicd.report.tables import cell_rows, cell_table, render, rule, Setting, settings, skew_table, versus_table
-from mpicd.report.export import write_csv, write_versus_csv
-from mpicd.report.plots import plot, plot_bytes, plot_rounds
 
 __all__ = [
     "Cell",

@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from mpicd.report.runs import MISSING, Cell, RunSummary, distinguishing, fmt
+from mpicd.report.runs import MISSING, Cell, distinguishing, fmt, RunSummary
 from mpicd.report.stats import versus
 from mpicd.report.tables import cell_rows
 

@@ -22,10 +22,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from mpicd.core import exclusive
 from mpicd.config.sections import config_difference
-from mpicd.results.file import Results, ResultsFileError
-from mpicd.report.runs import SCORES, SPLITS, Cell, ReportError, RunSummary, _planned, summarize
+from mpicd.core import exclusive
+from mpicd.report.runs import SCORES, SPLITS, _planned, Cell, ReportError, RunSummary, summarize
+from mpicd.results.reader import Results, ResultsFileError
 
 VIEWS = {"last10": (10, "last"), "best-val": (1, "best-val")}
 """The views a ledger holds: name -> (last, select) as ``summarize`` takes them."""
@@ -142,7 +142,7 @@ def _per_round(res: Results) -> dict:
     eval.diagnostics only: /diag not all NaN): each diagnostic per completed round, mean over
     clients (NaN left out, null if all are), to 4 significant digits: how alignment evolves. ``cpu``: the CPU models its
     ranks ran on (/placement/cpu: bit-identical files need the same one). What the study's tuning,
-    mechanism and privacy tables read besides the scores (docs/results)."""
+    mechanism and privacy tables read besides the scores (study)."""
     import h5py
 
     done = res.completed_rounds

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mpicd.report.runs import Cell, RunSummary, _order, fmt
+from mpicd.report.runs import _order, Cell, fmt, RunSummary
 from mpicd.report.stats import _sd
 from mpicd.report.tables import Setting, settings
 

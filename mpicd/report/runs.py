@@ -11,9 +11,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from mpicd.evaluation import degenerate
 from mpicd.config.sections import OPERATIONAL_KEYS, with_added_keys
-from mpicd.results.file import Results
+from mpicd.evaluation import degenerate
+from mpicd.results.reader import Results
 
 
 SCORES = ("minority_acc", "balanced_acc", "test_acc")

@@ -6,9 +6,9 @@ from pathlib import Path
 from collections.abc import Iterable
 
 from mpicd.evaluation import degenerate
-from mpicd.results.file import Results, ResultsFileError
 from mpicd.report.ledger import summaries
-from mpicd.report.runs import ReportError, RunSummary, _planned, summarize
+from mpicd.report.runs import _planned, ReportError, RunSummary, summarize
+from mpicd.results.reader import Results, ResultsFileError
 
 
 def _name(run: RunSummary) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpicd.report.runs import DEGENERATE, MISSING, Cell, ReportError, RunSummary, _label, check_metric, distinguishing
+from mpicd.report.runs import DEGENERATE, MISSING, _label, Cell, check_metric, distinguishing, ReportError, RunSummary
 
 
 def mean_sd(values: list[float]) -> str:

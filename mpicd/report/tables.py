@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from mpicd.report.runs import HEADLINE, MISSING, SCORES, Cell, RunSummary, _label, _order, distinguishing, fmt
+from mpicd.report.runs import HEADLINE, MISSING, SCORES, _label, _order, Cell, distinguishing, fmt, RunSummary
 from mpicd.report.stats import _sd, mean_sd, versus
 
 

@@ -1,6 +1,6 @@
-"""The results file: its columns, the collective writer, the reader (file), and ``mpicd verify``
-(verify). ``Results``, ``ResultsFileError`` and ``load`` are its public face."""
+"""The results file: its datasets declared once (columns), the collective writer (writer), the reader
+(reader), and ``mpicd verify`` (verify). ``Results``, ``ResultsFileError`` and ``load`` are its public face."""
 
-from mpicd.results.file import Results, ResultsFileError, load
+from mpicd.results.reader import load, Results, ResultsFileError
 
 __all__ = ["Results", "ResultsFileError", "load"]

@@ -65,7 +65,7 @@ def _rounds_text(rounds) -> str:
 
 
 def verify(path: str | Path) -> Verdict:
-    from mpicd.results.file import Results, ResultsFileError
+    from mpicd.results.reader import Results, ResultsFileError
 
     verdict = Verdict(Path(path))
     try:
@@ -180,7 +180,7 @@ def _past_the_end(verdict: Verdict, path, done: int) -> None:
 
 
 def _bytes(verdict: Verdict, res, config: dict, attrs: dict, clients: int, done: int) -> None:
-    from mpicd.algorithms import Sizes, resolve
+    from mpicd.algorithms import resolve, Sizes
     from mpicd.config.sections import ConfigError
 
     for side in ("sent", "recv"):
@@ -231,7 +231,7 @@ def _mpi_bytes(verdict: Verdict, path: Path, config: dict, attrs: dict, done: in
     another layout records the last one, so it is checked only when it was never resumed."""
     import h5py
 
-    from mpicd.algorithms import Sizes, resolve
+    from mpicd.algorithms import resolve, Sizes
     from mpicd.algorithms.codistill import CoDistillation
     from mpicd.config.sections import ConfigError
 

@@ -129,7 +129,7 @@ def save(
 ) -> Path:
     """Atomically write this rank's state after ``completed`` rounds; drop all but this run's
     newest KEEP and, with ``claimed`` (the rounds the results file holds: its rows are flushed
-    every few rounds, mpicd.results.file.flush_interval), the newest at or before it, the one a
+    every few rounds, mpicd.results.writer.flush_interval), the newest at or before it, the one a
     resume after a crash starts from. A failed write (a full disk) removes its temporary file and leaves the older
     checkpoints as they were. ``during``: called with the temporary file written but not yet
     renamed (fault injection: ``debug.fail_at: in_checkpoint``)."""

@@ -18,13 +18,13 @@ import torch.nn.functional as F
 
 from mpicd.evaluation import diagnostics
 from mpicd.evaluation import predictors as evaluation
-from mpicd.models import optim
-from mpicd.core import seeds
 from mpicd.algorithms import Batch, Context
+from mpicd.core import seeds
 from mpicd.evaluation.predictors import Scores
+from mpicd.models import optim
 from mpicd.models.networks import build_model
-from mpicd.run.plan import Plan
 from mpicd.privacy.budget import Budget
+from mpicd.run.plan import Plan
 
 
 @dataclass(frozen=True)

@@ -4,126 +4,35 @@ Nothing algorithm-specific happens here; the algorithm's hooks are called in a f
 every byte they move is counted by the communicator's ledger. A run can start from the newest
 checkpoint every rank holds (``resume``) and can stop cleanly at a round boundary when any rank
 was asked to (SIGUSR1 from Slurm before its time limit): all ranks agree on it in the round's
-progress Allreduce, so they stop after the same round, checkpointed.
+progress Allreduce, so they stop after the same round, checkpointed. Where a run starts and how each client's state comes
+back: mpicd.run.resume; what the results file records besides the rounds: mpicd.run.metadata.
 """
 
 from __future__ import annotations
 
-import platform
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
 
 import numpy as np
-import torch
 import yaml
 
-from mpicd import __version__
-from mpicd.run import checkpoint
+from mpicd.config.identity import config_hash
+from mpicd.config.sections import ConfigError
 from mpicd.evaluation import degenerate
-from mpicd.run import signals
-from mpicd.run import startpoint
-from mpicd.algorithms import Sizes
-from mpicd.run.client import Client
-from mpicd.mpi.assignment import Layout
-from mpicd.run.faults import FaultInjector
-from mpicd.run.nonfinite import NonFiniteGuard
-from mpicd.run.watchdog import Watchdog
+from mpicd.mpi.assignment import Assignment
 from mpicd.mpi.channels import CHANNELS, payload_channel
 from mpicd.mpi.comm import Traffic
-from mpicd.config.sections import ConfigError, config_difference
-from mpicd.config.identity import RUN_ID_CHARS, config_hash
-from mpicd.models.networks import num_parameters
+from mpicd.run import checkpoint, signals
+from mpicd.run.client import Client
+from mpicd.run.faults import FaultInjector
+from mpicd.run.metadata import placement_row, results_attrs
+from mpicd.run.nonfinite import NonFiniteGuard
 from mpicd.run.plan import Plan
-from mpicd.privacy import ADJACENCY
-
-
-def software_versions() -> dict:
-    import h5py
-    import mpi4py
-    from mpi4py import MPI
-
-    return {
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "torch": str(torch.__version__),
-        "h5py": h5py.__version__,
-        "hdf5": h5py.version.hdf5_version,
-        "h5py_mpi": bool(h5py.get_config().mpi),
-        "mpi4py": mpi4py.__version__,
-        "mpi": MPI.Get_library_version().splitlines()[0].strip(),
-    }
-
-
-def results_attrs(plan: Plan, client: Client) -> dict:
-    dataset = plan.dataset
-    return {
-        "config": yaml.safe_dump(plan.resolved_config, sort_keys=False),
-        "mpicd_version": __version__,
-        "versions": yaml.safe_dump(software_versions(), sort_keys=False),
-        "algorithm": plan.algorithm_cls.name,
-        "dataset": dataset.name,
-        "clients": plan.config.clients,
-        "rounds": plan.config.rounds,
-        "seed": plan.config.seed,
-        "skew": plan.config.data.skew,
-        "images_per_class": plan.partition.base_per_class,
-        "num_parameters": num_parameters(client.model),
-        "feature_dim": client.model.feature_dim,
-        "num_classes": dataset.num_classes,
-        "class_names": list(dataset.class_names),
-        "label_map": getattr(dataset, "label_map_text", "none (the file's own labels)"),
-        "data_md5": getattr(dataset, "md5", None) or "none",
-        "eval_split": dataset.eval_split,
-        "val_split": getattr(dataset, "val_split", "none"),
-        "normalization": yaml.safe_dump(getattr(dataset, "normalization", None), sort_keys=False),
-        "backends": yaml.safe_dump(backend_settings(), sort_keys=False),
-        "payload_sizes": yaml.safe_dump(asdict(Sizes.of(client.model, plan.config.clients)), sort_keys=False),
-        **privacy_attrs(plan),
-    }
-
-
-def privacy_attrs(plan: Plan) -> dict:
-    """With privacy: what the accountant was given (sigma derived or not, the release's multiplier)."""
-    if plan.privacy is None:
-        return {}
-    s = plan.privacy
-    return {
-        "privacy_noise_multiplier": s.sigma,
-        "privacy_release_multiplier": s.sigma if plan.algorithm_cls.dpsgd else s.multiplier,
-        "privacy_sample_rate": "1 / ceil(n / train.batch_size) (DP-SGD)" if plan.algorithm_cls.dpsgd else s.q,
-        "privacy_clip": s.clip,
-        "privacy_delta": s.delta,
-        "privacy_accountant": "dp-accounting PLD, Poisson-subsampled Gaussian, per client (add/remove-one's PLD, "
-        "the zero-out adjacency's for these releases: mpicd.privacy)",
-        "privacy_adjacency": ADJACENCY,
-        "privacy_noise": NOISE_ATTR[s.noise],
-    }
-
-
-NOISE_ATTR = {
-    "secret": "secret: drawn from a key per client that never left its rank",
-    "seeded": "seeded: NOT PRIVATE, drawn from the run's seed, which any peer can redraw (privacy.noise)",
-}
-"""The attr ``privacy_noise`` by privacy.noise: what a release's Poisson sample and noise were drawn from."""
-
-
-def backend_settings() -> dict:
-    """The kernel choices that can change results on a GPU, as this rank ran them."""
-    cudnn = torch.backends.cudnn
-    return {
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "cudnn_available": bool(cudnn.is_available()),
-        "cudnn_version": cudnn.version() if cudnn.is_available() else None,
-        "cudnn_enabled": bool(cudnn.enabled),
-        "cudnn_benchmark": bool(cudnn.benchmark),
-        "cudnn_deterministic": bool(cudnn.deterministic),
-        "cudnn_allow_tf32": bool(cudnn.allow_tf32),
-        "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-    }
+from mpicd.run.resume import agree_on_start, client_state, remove_checkpoints, resume_point
+from mpicd.run.watchdog import Watchdog
 
 
 @dataclass(frozen=True)
@@ -134,147 +43,12 @@ class Outcome:
     already_complete: bool = False  # --resume found every round in the file: nothing was run
 
 
-def _state(plan: Plan, client: Client, ledger, outside: bool = True) -> dict:
-    """One client's checkpoint; ``outside``: with this rank's traffic outside rounds (its first
-    client's file holds it, the others none, so a resume on any layout adds up the same total)."""
-    channels = {name: list(v) for name, v in ledger.channels.items()} if outside else {}
-    outside = ledger.outside_rounds if outside else Traffic()
-    return {
-        "config": plan.resolved_config,
-        "model": client.model.state_dict(),
-        "optimizer": client.optimizer.state_dict(),
-        "algorithm": client.algorithm.state_dict(),
-        "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if client.device.type == "cuda" else None,
-        "outside_rounds": (dict(outside.bytes_sent), dict(outside.bytes_recv), outside.seconds),
-        "channels": channels,
-        **({} if client.algorithm.ctx.privacy is None else {"privacy": client.algorithm.ctx.privacy.state_dict()}),
-    }
-
-
-def _restore(client: Client, ledger, state: dict) -> None:
-    client.model.load_state_dict(state["model"])
-    client.optimizer.load_state_dict(state["optimizer"])
-    client.algorithm.load_state_dict(state["algorithm"])
-    torch.set_rng_state(state["torch_rng"].cpu())
-    if state["cuda_rng"] is not None:
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
-    if client.algorithm.ctx.privacy is not None:  # the accountant's history: epsilon goes on from there
-        client.algorithm.ctx.privacy.load_state_dict(state["privacy"])
-    sent, recv, seconds = state["outside_rounds"]
-    previous = Traffic(dict(sent), dict(recv), seconds)
-    for kind in previous.bytes_sent:  # this job's start-up traffic adds to the earlier jobs'
-        ledger.outside_rounds.add(kind, previous.bytes_sent[kind], previous.bytes_recv[kind], 0.0)
-    ledger.outside_rounds.seconds += previous.seconds
-    for name, (sent, recv) in state.get("channels", {}).items():  # {}: a checkpoint older than channels
-        ledger.record_channel(name, sent, recv)
-
-
-def agree_on_checkpoint(comm, folder: Path, run_id: str, bound: int, clients: list[int] | None = None) -> int:
-    """The newest rounds-completed count <= ``bound`` that every rank holds a checkpoint of run
-    ``run_id`` for, of each of its ``clients`` (default: the client whose index is the rank; 0:
-    none). Checkpoints are per client, so a run checkpointed on one layout resumes on any other.
-    Another run's checkpoints in the folder are not looked at.
-
-    Collective; terminates because the bound strictly decreases until every rank holds the
-    candidate or it reaches 0.
-    """
-    held = [set(checkpoint.available(folder, c, run_id)) for c in (clients or [comm.rank])]
-    mine = sorted(set.intersection(*held), reverse=True)
-    while True:
-        best = max((n for n in mine if n <= bound), default=0)
-        candidate = int(comm.allreduce_min(np.array([best], dtype=np.int64), channel="start")[0])
-        if candidate == 0:
-            return 0
-        held = int(comm.allreduce_min(np.array([int(candidate in mine)], dtype=np.int64), channel="start")[0])
-        if held:
-            return candidate
-        bound = candidate - 1
-
-
-def agree_on_start(comm, out: Path, resolved: dict, mode: str) -> startpoint.Start:
-    """Rank 0 applies :func:`mpicd.run.startpoint.decide` to what lies at ``out`` (and, for
-    ``--overwrite``, deletes it); every rank gets the same decision, or the same ConfigError."""
-    decision, error = None, None
-    if comm.rank == 0:
-        try:
-            decision = startpoint.decide(startpoint.inspect(out), resolved, mode)
-            if decision.clear:
-                out.unlink(missing_ok=True)
-                checkpoint.remove_all(checkpoint.folder_for(out))
-        except ConfigError as err:
-            error = err
-        except OSError as err:
-            error = ConfigError("--out", f"cannot replace {out}: {err.strerror or err}")
-    failing = comm.first_failing_rank(error is not None)
-    if failing is not None:  # rank 0 prints it (cli.run); the others raise quietly
-        raise error or ConfigError("--out", "rank 0 refused the output (see its message)")
-    flags = np.zeros(4 + RUN_ID_CHARS, dtype=np.int64)
-    if comm.rank == 0:
-        flags[:4] = [decision.fresh, decision.complete, decision.bound, decision.clear]
-        flags[4:] = np.frombuffer(decision.run_id.encode().ljust(RUN_ID_CHARS), dtype=np.uint8)
-    flags = comm.bcast(flags, channel="start")
-    if comm.rank == 0:
-        return decision
-    run_id = bytes(flags[4:].astype(np.uint8)).decode().strip()
-    return startpoint.Start(bool(flags[0]), run_id, bool(flags[1]), int(flags[2]), bool(flags[3]))
-
-
-def resume_point(plan: Plan, clients: list[Client], comm, out: Path, decision: startpoint.Start) -> int:
-    """Load the newest checkpoint of this run that all ranks share, at or before the file's
-    completed rounds (collective); returns the first round to run. This run's checkpoints past
-    that point (a round the file does not hold) are deleted, so they never count among the newest two.
-
-    A checkpoint whose config differs from this run's in anything but operational keys is
-    refused with a ConfigError naming the key (raised on every rank).
-    """
-    folder = checkpoint.folder_for(out)
-    indices = [c.index for c in clients]
-    agreed = agree_on_checkpoint(comm, folder, decision.run_id, decision.bound, indices)
-    states, refused = [], []
-    for c in clients:
-        try:
-            states.append(checkpoint.load(folder, c.index, agreed, decision.run_id, c.device) if agreed else None)
-        except checkpoint.Refused:
-            states.append(None)
-            refused.append(c.index)
-    none = plan.config.clients  # more than any client index: no file was refused
-    first = int(comm.allreduce_min(np.array([min(refused, default=none)], dtype=np.int64), channel="start")[0])
-    if first < none:  # every rank raises, so none is left in a collective; rank 0 prints it
-        raise ConfigError(
-            "--resume",
-            f"{checkpoint.path_for(folder, first, agreed, decision.run_id)} is not a checkpoint mpicd wrote"
-            " (it holds more than tensors and plain types; nothing in it was run): move it away to resume"
-            " from an older checkpoint, or start a new output",
-        )
-    ok = int(
-        comm.allreduce_min(np.array([int(all(s is not None for s in states))], dtype=np.int64), channel="start")[0]
-    )
-    for c in indices:
-        checkpoint.discard(folder, c, decision.run_id, newer_than=agreed if ok else -1)
-    if not ok:
-        return 0
-    state = states[0]
-    difference = config_difference(state["config"], plan.resolved_config, "the checkpoint", "this run")
-    same = int(comm.allreduce_min(np.array([int(difference is None)], dtype=np.int64), channel="start")[0])
-    if not same:  # every rank raises here, so none is left in a collective
-        raise ConfigError(
-            "--resume",
-            f"the checkpoint in {folder} was made with a different config: "
-            f"{difference or 'on another rank'}; use another output file or "
-            f"restore the config",
-        )
-    for c, client_state in zip(clients, states):
-        _restore(c, comm.ledger, client_state)
-    return agreed
-
-
-def make_layout(plan: Plan, comm) -> Layout:
+def make_assignment(plan: Plan, comm) -> Assignment:
     """The run's assignment of clients to ranks (mpicd.mpi.assignment), by training-set size."""
     sizes = plan.partition.train_counts.sum(axis=1)
     if plan.config.clients_per_rank == "one":
-        return Layout.one_per_rank(plan.config.clients, comm.rank)
-    return Layout.of(sizes, comm.size, comm.rank)
+        return Assignment.one_per_rank(plan.config.clients, comm.rank)
+    return Assignment.of(sizes, comm.size, comm.rank)
 
 
 def refuse_with_several_per_rank(plan: Plan, ranks: int) -> None:
@@ -313,7 +87,7 @@ def refuse_with_several_per_rank(plan: Plan, ranks: int) -> None:
             )
 
 
-def run(
+def run_rounds(
     plan: Plan,
     comm,
     placement,
@@ -331,7 +105,7 @@ def run(
     ``resume`` or ``overwrite`` an existing file or checkpoint is refused (ConfigError, every rank).
     ``startup``: rank 0's seconds per start-up phase (recorded as the attr ``startup_seconds``).
     """
-    from mpicd.results.file import ResultsWriter
+    from mpicd.results.writer import ResultsWriter
 
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other")
@@ -348,9 +122,9 @@ def run(
         if comm.rank == 0:
             log(f"mpicd: {out} already holds all {cfg.rounds} rounds of this config; nothing to do")
         return Outcome(cfg.rounds, False, already_complete=True)
-    layout = make_layout(plan, comm)
+    assignment = make_assignment(plan, comm)
     shared: dict = {}
-    clients = [Client(plan, comm, placement.device, c, layout.owner, shared) for c in layout.mine]
+    clients = [Client(plan, comm, placement.device, c, assignment.owner, shared) for c in assignment.mine]
     start = 0 if decision.fresh else resume_point(plan, clients, comm, out, decision)
     if resume and not decision.fresh and comm.rank == 0:
         log(
@@ -376,13 +150,13 @@ def run(
         placement=placement_row(placement),
         parallel=parallel_io,
         resume_at=start or None,
-        clients=layout.mine,
+        clients=assignment.mine,
         num_clients=cfg.clients,
         private=plan.privacy is not None,
     )
-    # The layout this job runs on (mpicd.mpi.assignment; a resumed job's may differ from the first one's).
+    # The assignment this job runs on (mpicd.mpi.assignment; a resumed job's may differ from the first one's).
     writer.set_attr("ranks", comm.size)
-    writer.set_attr("client_rank", layout.owner)
+    writer.set_attr("client_rank", assignment.owner)
     if startup is not None:
         writer.set_attr(
             "startup_seconds", yaml.safe_dump({k: round(float(v), 4) for k, v in startup.items()}, sort_keys=False)
@@ -439,9 +213,10 @@ def _rounds(
     guards: dict[int, NonFiniteGuard],
     run_id: str,
 ) -> Outcome:
+    from mpicd.results.columns import RoundRow
+    from mpicd.results.writer import flush_interval
     from mpicd.run.client import evaluate_clients, train_clients
     from mpicd.run.participation import participants
-    from mpicd.results.file import RoundRow, flush_interval
 
     from mpicd.core.durations import duration
 
@@ -552,7 +327,7 @@ def _rounds(
                     checkpoint.folder_for(out),
                     c.index,
                     r + 1,
-                    _state(plan, c, ledger, outside=c is first),
+                    client_state(plan, c, ledger, outside=c is first),
                     run_id,
                     during=lambda: fault.at("in_checkpoint"),
                     claimed=writer.claimed,
@@ -571,7 +346,7 @@ def _rounds(
     _warn_single_class(comm, writer, one_class, log, cfg.clients)
     if stop_requested() >= signals.INTERRUPTED:  # interrupted in the last round: it ends normally
         getattr(stop_requested, "done", threading.Event()).set()
-    _remove_checkpoints(comm, checkpoint.folder_for(out), run_id, [c.index for c in clients])
+    remove_checkpoints(comm, checkpoint.folder_for(out), run_id, [c.index for c in clients])
     writer.close(outside=_outside(clients, ledger))  # only on success: a failing rank aborts instead
     return Outcome(cfg.rounds, False)
 
@@ -601,42 +376,3 @@ def _warn_single_class(comm, writer, one_class: dict[int, list[bool]], log, clie
     writer.set_attr("single_class_clients", np.array(flagged, dtype=np.int64))
     if flagged and comm.rank == 0:
         log(f"mpicd: warning: {degenerate.warning(flagged, clients, last)}")
-
-
-def _remove_checkpoints(comm, folder: Path, run_id: str, clients: list[int]) -> None:
-    """A complete run needs no checkpoint: each rank drops its clients', then rank 0 the folder
-    (left in place if another run's files are still in it)."""
-    for c in clients:
-        checkpoint.discard(folder, c, run_id)
-    comm.allreduce_min(np.zeros(1, dtype=np.int64), channel="stop")  # every rank has deleted its files
-    if comm.rank == 0 and folder.is_dir():
-        try:
-            folder.rmdir()
-        except OSError:
-            pass  # something else lives there: leave it
-
-
-def placement_row(placement) -> dict:
-    import socket
-
-    return {
-        "host": socket.gethostname(),
-        "local_rank": placement.local_rank,
-        "device": placement.device,
-        "threads": placement.threads,
-        "cpu": cpu_model(),
-    }
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo; else what platform knows): results are bit-identical
-    only between runs on the same CPU model with the same threads and library versions."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Model", "cpu model"):
-                    return " ".join(value.split())
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"

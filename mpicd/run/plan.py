@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from mpicd.algorithms import Algorithm, resolve
 from mpicd.config.sections import Config, ConfigError, to_mapping
 from mpicd.data import Dataset, load_dataset
-from mpicd.data.partition import Partition, make_partition
+from mpicd.data.partition import make_partition, Partition
 from mpicd.models.networks import build_model, num_parameters
 
 

@@ -12,7 +12,8 @@ import time
 from typing import TypeVar
 from collections.abc import Callable
 
-from mpicd.config.sections import ConfigError, load_config
+from mpicd.config.loading import load_config
+from mpicd.config.sections import ConfigError
 
 T = TypeVar("T")
 EXIT_BAD_INPUT = 2
@@ -20,9 +21,9 @@ _LOADED_AT: float | None = time.time()  # start-up origin of a process's first r
 
 
 def run(args: argparse.Namespace) -> int:
-    from mpicd.run import signals
     from mpicd.mpi.comm import Comm
     from mpicd.mpi.placement import abort_on_exception
+    from mpicd.run import signals
 
     global _LOADED_AT
     marks, _LOADED_AT = [_LOADED_AT or time.time()], None  # a later run in this process starts here
@@ -33,9 +34,10 @@ def run(args: argparse.Namespace) -> int:
         try:  # the config and the rank count first: a wrong -n / --ntasks fails before torch or the data load
             config = agreed(comm, lambda: _config_for(comm, args))
             marks.append(time.time())
-            from mpicd.run.loop import placement_row, run as run_rounds
-            from mpicd.run.plan import prepare
             from mpicd.mpi.placement import place
+            from mpicd.run.loop import run_rounds
+            from mpicd.run.metadata import placement_row
+            from mpicd.run.plan import prepare
 
             marks.append(time.time())
             plan = agreed(comm, lambda: prepare(config, comm))  # read once per node, shared
@@ -119,7 +121,7 @@ def startup_seconds(comm, marks: list[float]) -> dict[str, float]:
 
 def _check_output(plan, out: str) -> None:
     """The results folder is writable and has room for the file and the checkpoints (rank 0 only)."""
-    from mpicd.results.file import check_output_location, estimated_bytes
+    from mpicd.results.writer import check_output_location, estimated_bytes
 
     cfg = plan.config
     check_output_location(

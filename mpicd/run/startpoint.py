@@ -9,7 +9,7 @@ The rule that ``mpicd run``, ``mpicd pack``, ``jobs/sweep.sh`` and the Slurm scr
 * ``--resume``: the file's config must equal this run's (else refused, naming the first differing
   key, whether the file is complete or not); a complete file: nothing to do; otherwise continue from
   this run's newest checkpoint at or before the file's completed rounds (agreed by every rank in
-  :func:`mpicd.run.loop.resume_point`). Checkpoints without their results file, or beside one that
+  :func:`mpicd.run.resume.resume_point`). Checkpoints without their results file, or beside one that
   cannot be read, are refused: the rows before them would be missing.
 
 Only rank 0 looks (the output is on a file system every rank of the run shares); the decision is
@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mpicd.run import checkpoint
-from mpicd.config.sections import ConfigError, config_difference
 from mpicd.config.identity import is_run_id, new_run_id
-from mpicd.results.file import _text
+from mpicd.config.sections import config_difference, ConfigError
+from mpicd.results.reader import _text
+from mpicd.run import checkpoint
 
 MODES = ("new", "resume", "overwrite")
 
@@ -171,7 +171,7 @@ def decide(found: Found, resolved: dict, mode: str) -> Start:
 def _missing_columns(found: Found) -> list[str]:
     """Per-round datasets this version writes that the file lacks (only for a file with a run id:
     one without is started again anyway)."""
-    from mpicd.results.file import columns
+    from mpicd.results.columns import columns
 
     if found.run_id is None or not found.num_classes:
         return []

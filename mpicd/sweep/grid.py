@@ -29,7 +29,9 @@ from pathlib import Path
 import yaml
 
 from mpicd.algorithms import resolve
-from mpicd.config.sections import ConfigError, config_difference, inline, load_config, to_mapping
+from mpicd.config.loading import load_config
+from mpicd.config.sections import config_difference, ConfigError, to_mapping
+from mpicd.config.text import inline
 from mpicd.core.durations import duration
 from mpicd.report.ledger import held, update
 from mpicd.report.runs import ReportError

@@ -24,9 +24,10 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from mpicd.mpi.comm import Comm
-from mpicd.config.sections import ConfigError, load_config
+from mpicd.config.loading import load_config
+from mpicd.config.sections import ConfigError
 from mpicd.core.durations import duration
+from mpicd.mpi.comm import Comm
 from mpicd.sweep.grid import is_done, load_sweep, progress
 
 
@@ -83,11 +84,11 @@ class Counter:
 
 def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lambda: False) -> int:
     """Run every pending run of the sweep; returns the exit status (0, 1: a run failed, 75: stopped)."""
-    from mpicd.run import signals
-    from mpicd.run.runner import agreed
-    from mpicd.run.loop import run as run_rounds
-    from mpicd.run.plan import prepare
     from mpicd.mpi.placement import place
+    from mpicd.run import signals
+    from mpicd.run.loop import run_rounds
+    from mpicd.run.plan import prepare
+    from mpicd.run.runner import agreed
 
     world = Comm()
     try:
@@ -191,9 +192,9 @@ def _check_sweep(runs: list, world_size: int) -> list:
 
 
 def main(sweep_path: str) -> int:
+    from mpicd.mpi.placement import abort_on_exception
     from mpicd.run import signals
     from mpicd.run.runner import say
-    from mpicd.mpi.placement import abort_on_exception
 
     stop = signals.install()
     with abort_on_exception(MPI.COMM_WORLD):

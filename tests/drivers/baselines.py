@@ -26,11 +26,11 @@ import torch
 from mpicd.algorithms import REGISTRY
 from mpicd.algorithms.aggregate import averaged_tensors, flatten
 from mpicd.cli import main
+from mpicd.config.loading import load_config
 from mpicd.mpi.comm import Comm
-from mpicd.config.sections import load_config
+from mpicd.mpi.placement import abort_on_exception
 from mpicd.run.client import Client
 from mpicd.run.plan import prepare
-from mpicd.mpi.placement import abort_on_exception
 
 from driver_settings import IDENTICAL_ROUNDS, RUN_ROUNDS, STATS_ROUNDS
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mpicd.config.loading import load_config
 from mpicd.mpi.comm import Comm
-from mpicd.config.sections import load_config
+from mpicd.mpi.placement import abort_on_exception
 from mpicd.run.client import Client
 from mpicd.run.plan import prepare
-from mpicd.mpi.placement import abort_on_exception
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"

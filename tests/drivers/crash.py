@@ -11,7 +11,7 @@ class CrashingCoDistillation(CoDistillation):
     name = "crashing"
 
     def before_epoch(self, round_index):
-        if round_index == 2 and self.ctx.rank == 1:
+        if round_index == 2 and self.ctx.index == 1:
             raise RuntimeError("injected failure on rank 1 in round 2")
         super().before_epoch(round_index)
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
+from mpicd.config.loading import load_config
 from mpicd.mpi.comm import Comm
-from mpicd.config.sections import load_config
+from mpicd.mpi.placement import abort_on_exception
 from mpicd.run.client import Client
 from mpicd.run.plan import prepare
-from mpicd.mpi.placement import abort_on_exception
 
 comm = Comm()
 with abort_on_exception(comm.mpi):

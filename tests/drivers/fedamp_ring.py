@@ -18,11 +18,11 @@ import torch
 
 from mpicd.algorithms.aggregate import flatten
 from mpicd.cli import main
-from mpicd.run.client import Client
+from mpicd.config.loading import load_config
 from mpicd.mpi.comm import KINDS, Comm
-from mpicd.config.sections import load_config
-from mpicd.run.plan import prepare
 from mpicd.mpi.placement import abort_on_exception
+from mpicd.run.client import Client
+from mpicd.run.plan import prepare
 
 from driver_settings import FEDAMP_RING_ROUNDS
 

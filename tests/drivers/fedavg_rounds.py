@@ -25,8 +25,8 @@ import torch
 
 from mpicd.algorithms.fedavg import FedAvg
 from mpicd.cli import main
+from mpicd.config.loading import load_config
 from mpicd.run.client import Client
-from mpicd.config.sections import load_config
 from mpicd.run.plan import prepare
 
 from driver_settings import FEDAVG_CLIENTS, FEDAVG_ROUNDS

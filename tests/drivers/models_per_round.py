@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from mpicd.cli import main
-from mpicd.run.client import Client
 from mpicd.mpi.comm import Comm
 from mpicd.mpi.placement import abort_on_exception
+from mpicd.run.client import Client
 
 
 def drive(out: Path, args: list[str]) -> None:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "jobs"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 import proc_identity  # noqa: E402
 from netns_cluster import NetnsCluster  # noqa: E402
@@ -78,7 +78,7 @@ def main(scenario: str) -> dict:
             except RuntimeError as err:
                 facts["up"] = str(err)
             done = subprocess.run(
-                [sys.executable, str(ROOT / "jobs" / "netns_cluster.py"), "down", str(folder)],
+                [sys.executable, str(ROOT / "tests" / "support" / "netns_cluster.py"), "down", str(folder)],
                 capture_output=True,
                 text=True,
                 timeout=60,

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from mpicd.mpi.comm import Comm
-from mpicd.config.sections import ConfigError, load_config
+from mpicd.config.loading import load_config
+from mpicd.config.sections import ConfigError
 from mpicd.data import Arrays
-from mpicd.run.plan import prepare
+from mpicd.mpi.comm import Comm
 from mpicd.mpi.placement import abort_on_exception
+from mpicd.run.plan import prepare
 
 comm = Comm()
 mode, config_path = sys.argv[1], sys.argv[2]
@@ -99,8 +100,8 @@ def check(overrides: list[str]) -> None:
 
 def run(out: Path, overrides: list[str]) -> None:
     from mpicd.cli import main
-    from mpicd.run.loop import run as run_rounds
     from mpicd.mpi.placement import place
+    from mpicd.run.loop import run_rounds
 
     config = load_config(config_path, [f"clients={comm.size}", *overrides])
     plan = prepare(config)

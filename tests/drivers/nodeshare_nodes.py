@@ -15,9 +15,9 @@ import sys
 import numpy as np
 
 import mpicd.run.plan
-from mpicd.mpi.comm import Comm
-from mpicd.config.sections import load_config
+from mpicd.config.loading import load_config
 from mpicd.data import Arrays, load_dataset
+from mpicd.mpi.comm import Comm
 from mpicd.mpi.placement import abort_on_exception
 
 comm = Comm()

@@ -1,8 +1,8 @@
 """Run under mpiexec -n 2: what a student receives from its teacher in round 0 of a private
 co-distillation run, and (the oracle, recorded on the teacher's rank only for the test) the
-clipped sum the teacher's noise hides (tests/test_privacy_attack.py). argv: OUT_DIR.
+clipped sum the teacher's noise hides (tests/privacy/test_privacy_attack.py). argv: OUT_DIR.
 
-Per privacy.noise (secret, seeded): one round (``mpicd.run.loop.run``) on a communicator that keeps
+Per privacy.noise (secret, seeded): one round (``mpicd.run.loop.run_rounds``) on a communicator that keeps
 every float32 buffer sent point to point; ``OUT/<noise>.h5`` the results file, and per rank
 ``OUT/<noise>_rank<r>.json``: the R it sent (what its student received) and the clipped sum of the
 rows its release summed (``gaussian_sum``'s input, clipped here by the L2 formula).
@@ -16,11 +16,11 @@ import numpy as np
 from mpi4py import MPI
 
 import mpicd.algorithms.codistill as codistill
+from mpicd.config.loading import load_config
 from mpicd.mpi.comm import Comm
-from mpicd.config.sections import load_config
-from mpicd.run.loop import run
-from mpicd.run.plan import prepare
 from mpicd.mpi.placement import abort_on_exception, place
+from mpicd.run.loop import run_rounds
+from mpicd.run.plan import prepare
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "quickstart.yaml"
@@ -58,7 +58,7 @@ with abort_on_exception(world):
         overrides = ["clients=2", "rounds=1", "device=cpu", "privacy=" + PRIVACY.format(noise=noise)]
         plan = prepare(load_config(CONFIG, overrides))
         recorder = Recorder(world)
-        run(plan, Comm(recorder), placement, out / f"{noise}.h5", log=lambda line: None)
+        run_rounds(plan, Comm(recorder), placement, out / f"{noise}.h5", log=lambda line: None)
         width = plan.config.model.feature_dim
         sent = [a for a in recorder.sent if a.dtype == np.float32 and a.size == width]
         assert len(sent) == 1 and len(oracle) == 1, (len(sent), len(oracle))

@@ -1,8 +1,8 @@
-"""Run as pid 1 of a sandbox (``unshare --pid --fork --mount-proc``), with ``docs/results/run.sh``
-among its arguments: docs/results/pause.sh against a genuine, a stale and a self-naming study
-record. argv: STATE_FOLDER docs/results/run.sh. Prints one JSON object of what it saw.
+"""Run as pid 1 of a sandbox (``unshare --pid --fork --mount-proc``), with ``study/run.sh``
+among its arguments: study/pause.sh against a genuine, a stale and a self-naming study
+record. argv: STATE_FOLDER study/run.sh. Prints one JSON object of what it saw.
 
-The "study" is ``bash -c 'sleep 300' docs/results/run.sh`` started as a session of its own (as
+The "study" is ``bash -c 'sleep 300' study/run.sh`` started as a session of its own (as
 run.sh makes itself), recorded as run.sh records itself; a canary outside it must never stop.
 """
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "jobs"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 import proc_identity  # noqa: E402
 
@@ -23,7 +23,7 @@ import proc_identity  # noqa: E402
 def pause(state: Path, action: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "STUDY_STATE": str(state)}
     return subprocess.run(
-        ["bash", "docs/results/pause.sh", action], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        ["bash", "study/pause.sh", action], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
 
 
@@ -32,7 +32,7 @@ def record(state: Path, pgid: int, start: int, session: int) -> None:
     (state / "study.proof").write_text(f"{pgid} {start} {session}\n")
 
 
-NEW_GROUP = "import os; os.setpgid(0, 0); os.execvp('bash', ['bash', 'docs/results/pause.sh', 'stop'])"
+NEW_GROUP = "import os; os.setpgid(0, 0); os.execvp('bash', ['bash', 'study/pause.sh', 'stop'])"
 
 
 def selfish(state: Path, then: str) -> dict:
@@ -43,7 +43,7 @@ def selfish(state: Path, then: str) -> dict:
     )
     try:
         done = subprocess.run(
-            ["bash", "-c", script, "docs/results/run.sh"],
+            ["bash", "-c", script, "study/run.sh"],
             cwd=ROOT,
             env={**os.environ, "STUDY_STATE": str(state)},
             capture_output=True,
@@ -67,7 +67,7 @@ def main(state: Path) -> dict:
     assert os.getpid() == 1, "not the first process of a PID-namespace sandbox: refusing to act"
     os.setpgid(0, 0)
     canary = subprocess.Popen(["sleep", "300"])
-    study = subprocess.Popen(["bash", "-c", "sleep 300; :", "docs/results/run.sh"], start_new_session=True)
+    study = subprocess.Popen(["bash", "-c", "sleep 300; :", "study/run.sh"], start_new_session=True)
     impostor = subprocess.Popen(["sleep", "301"], start_new_session=True)  # a session leader, not run.sh
     time.sleep(0.3)
     facts: dict = {}
@@ -77,7 +77,7 @@ def main(state: Path) -> dict:
         done = pause(state, "stop")
         facts["stale"] = {"rc": done.returncode, "err": done.stderr, "stopped": settle(study.pid, True)}
         # a caller whose own group and session the record names: it records itself, then becomes pause.sh
-        facts["own"] = selfish(state, "exec bash docs/results/pause.sh stop")
+        facts["own"] = selfish(state, "exec bash study/pause.sh stop")
         facts["own"]["canary_stopped"] = settle(canary.pid, True)
         # the same record, pause.sh run from a group of its own in that session (the leader stays)
         facts["own_session"] = selfish(state, f"{sys.executable} -c {shlex.quote(NEW_GROUP)}; exit $?")

@@ -1,9 +1,9 @@
-"""Run under mpiexec: what leaves a rank, for tests/test_payloads.py, in one MPI job (each start
+"""Run under mpiexec: what leaves a rank, for tests/algorithms/test_payloads.py, in one MPI job (each start
 costs ~10 s on a small box). argv: OUT_DIR PNEUMONIA_NPZ.
 
 1. ``bytes``: ``mpicd run`` (the CLI entry point, in this process) of every algorithm and every
    option that changes what is sent, BYTE_ROUNDS rounds on PneumoniaMNIST: ``OUT/bytes_<label>.h5``.
-2. ``pixels``: the round loop (``mpicd.run.loop.run``, as ``mpicd run`` calls it) of the same variants for
+2. ``pixels``: the round loop (``mpicd.run.loop.run_rounds``, as ``mpicd run`` calls it) of the same variants for
    PIXEL_ROUNDS rounds with every image (train, val and test) repainted pixel by pixel from
    DISTINCTIVE, on a :class:`Comm` whose MPI communicator is a :class:`Recorder`: every buffer handed
    to Isend, Irecv, Allreduce, Allgather, Gather or Bcast is kept with the channel the Comm named for
@@ -29,13 +29,14 @@ from mpicd.algorithms.codistill import CoDistillation
 from mpicd.algorithms.fedavg import FedAvg
 from mpicd.algorithms.fedproto import FedProto
 from mpicd.cli import main
+from mpicd.config.loading import load_config
+from mpicd.config.text import inline
+from mpicd.mpi.accounting import KINDS
 from mpicd.mpi.channels import CHANNELS
 from mpicd.mpi.comm import Comm, ProtocolError
-from mpicd.config.sections import inline, load_config
-from mpicd.mpi.accounting import KINDS
-from mpicd.run.loop import run
-from mpicd.run.plan import prepare
 from mpicd.mpi.placement import abort_on_exception, place
+from mpicd.run.loop import run_rounds
+from mpicd.run.plan import prepare
 
 from driver_settings import PAYLOAD_VARIANTS
 
@@ -181,7 +182,7 @@ def pixels(label: str, algorithm: str, placement) -> dict:
     rows, end_round = [], comm.ledger.end_round
     comm.ledger.end_round = lambda: rows.append(end_round()) or rows[-1]  # keep every round's row
     try:
-        run(plan, comm, placement, out / f"pixels_{label}.h5", log=lambda line: None)
+        run_rounds(plan, comm, placement, out / f"pixels_{label}.h5", log=lambda line: None)
     except ProtocolError as err:  # every rank refuses the same buffer, before sending it
         return {"refused": str(err), "findings": findings(recorder.sent + recorder.received, DISTINCTIVE)}
     counted = {

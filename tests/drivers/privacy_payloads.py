@@ -1,7 +1,7 @@
 """Run under mpiexec -n 2: with privacy on, no unclipped or un-noised value crosses MPI
-(tests/test_privacy_wiring.py). argv: OUT_DIR.
+(tests/privacy/test_privacy_wiring.py). argv: OUT_DIR.
 
-For each algorithm with a private path, one round (``mpicd.run.loop.run``) four times on a
+For each algorithm with a private path, one round (``mpicd.run.loop.run_rounds``) four times on a
 :class:`Recorder` communicator (every buffer sent point to point or reduced is kept):
 privacy off; exact releases (sigma 0, clip 1e9: the unclipped sums, q 1, public counts); clipped
 exact releases (sigma 0, clip 0.05); the private run (sigma 1, clip 0.05). Round 0 starts from
@@ -9,7 +9,7 @@ the same model in all four, so the algorithm's float32 payloads line up one to o
 ``OUT/rank<r>.json``: per algorithm, how many coordinates of the private payloads equal the
 exact or the clipped ones (must be 0), and the positive control (the exact run sent exact values).
 
-Exact sizes (issue 40, zero-out adjacency: a client's class sizes n_c differ between neighbours):
+Exact sizes (zero-out adjacency: a client's class sizes n_c differ between neighbours):
 for every method with a private path, DP-SGD's FedAvg and FedAMP included, ``exact_sizes`` counts
 the coordinates of its private run's payload buffers (the ``payload`` channel) equal to one of the
 client's class sizes n_c (q = 1: every image is in the sample, so n_c is also the exact sample
@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
+from mpicd.config.loading import load_config
 from mpicd.mpi.comm import Comm
-from mpicd.config.sections import load_config
-from mpicd.run.loop import run
-from mpicd.run.plan import prepare
 from mpicd.mpi.placement import abort_on_exception, place
+from mpicd.run.loop import run_rounds
+from mpicd.run.plan import prepare
 
 
 class Recorder(MPI.Intracomm):
@@ -81,7 +81,7 @@ def payloads(label: str, algorithm: str, privacy: str | None, placement):
     plan = prepare(load_config(CONFIG, overrides))
     recorder = Recorder(world)
     comm = recorder.comm = Comm(recorder)
-    run(plan, comm, placement, out / f"{label}.h5", log=lambda line: None)
+    run_rounds(plan, comm, placement, out / f"{label}.h5", log=lambda line: None)
     sent = [a for op, a, channel in recorder.sent if channel == "payload"]
     assert all(a.dtype == np.float32 for a in sent), label
     return sent, plan

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mpicd.run.client import EpochLoss, Scores
 from mpicd.mpi.comm import KINDS, Comm, Traffic
-from mpicd.results.file import ResultsWriter, RoundRow
 from mpicd.mpi.placement import abort_on_exception
+from mpicd.results.columns import RoundRow
+from mpicd.results.writer import ResultsWriter
+from mpicd.run.client import EpochLoss, Scores
 
 comm = Comm()
 rank, size = comm.rank, comm.size

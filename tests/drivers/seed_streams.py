@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mpicd.core import seeds
 from mpicd.cli import main
+from mpicd.core import seeds
 from mpicd.mpi.comm import Comm
 from mpicd.mpi.placement import abort_on_exception
 

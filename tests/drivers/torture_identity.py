@@ -1,4 +1,4 @@
-"""Run as pid 1 of a sandbox (``unshare --pid --fork --mount-proc``): jobs/torture.py's Attempt
+"""Run as pid 1 of a sandbox (``unshare --pid --fork --mount-proc``): tests/support/torture.py's Attempt
 kills only what it saw in its job's session, by identity. Prints one JSON object of what it saw.
 
 The "job" is a session of its own (as mpiexec is started): a shell that starts ``sleep`` and
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "jobs"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 import proc_identity  # noqa: E402
 import torture  # noqa: E402

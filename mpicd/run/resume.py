@@ -1,0 +1,165 @@
+"""Resuming a run: every rank agrees on where it starts (a fresh start, the newest checkpoint every
+rank holds, or done) and restores each client's state, byte ledger and random streams from it; old
+checkpoints removed when a run ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mpicd.config.identity import RUN_ID_CHARS
+from mpicd.config.sections import config_difference, ConfigError
+from mpicd.mpi.comm import Traffic
+from mpicd.run import checkpoint, startpoint
+from mpicd.run.client import Client
+from mpicd.run.plan import Plan
+
+
+def client_state(plan: Plan, client: Client, ledger, outside: bool = True) -> dict:
+    """One client's checkpoint; ``outside``: with this rank's traffic outside rounds (its first
+    client's file holds it, the others none, so a resume on any layout adds up the same total)."""
+    channels = {name: list(v) for name, v in ledger.channels.items()} if outside else {}
+    outside = ledger.outside_rounds if outside else Traffic()
+    return {
+        "config": plan.resolved_config,
+        "model": client.model.state_dict(),
+        "optimizer": client.optimizer.state_dict(),
+        "algorithm": client.algorithm.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if client.device.type == "cuda" else None,
+        "outside_rounds": (dict(outside.bytes_sent), dict(outside.bytes_recv), outside.seconds),
+        "channels": channels,
+        **({} if client.algorithm.ctx.privacy is None else {"privacy": client.algorithm.ctx.privacy.state_dict()}),
+    }
+
+
+def restore_client(client: Client, ledger, state: dict) -> None:
+    client.model.load_state_dict(state["model"])
+    client.optimizer.load_state_dict(state["optimizer"])
+    client.algorithm.load_state_dict(state["algorithm"])
+    torch.set_rng_state(state["torch_rng"].cpu())
+    if state["cuda_rng"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    if client.algorithm.ctx.privacy is not None:  # the accountant's history: epsilon goes on from there
+        client.algorithm.ctx.privacy.load_state_dict(state["privacy"])
+    sent, recv, seconds = state["outside_rounds"]
+    previous = Traffic(dict(sent), dict(recv), seconds)
+    for kind in previous.bytes_sent:  # this job's start-up traffic adds to the earlier jobs'
+        ledger.outside_rounds.add(kind, previous.bytes_sent[kind], previous.bytes_recv[kind], 0.0)
+    ledger.outside_rounds.seconds += previous.seconds
+    for name, (sent, recv) in state.get("channels", {}).items():  # {}: a checkpoint older than channels
+        ledger.record_channel(name, sent, recv)
+
+
+def agree_on_checkpoint(comm, folder: Path, run_id: str, bound: int, clients: list[int] | None = None) -> int:
+    """The newest rounds-completed count <= ``bound`` that every rank holds a checkpoint of run
+    ``run_id`` for, of each of its ``clients`` (default: the client whose index is the rank; 0:
+    none). Checkpoints are per client, so a run checkpointed on one layout resumes on any other.
+    Another run's checkpoints in the folder are not looked at.
+
+    Collective; terminates because the bound strictly decreases until every rank holds the
+    candidate or it reaches 0.
+    """
+    held = [set(checkpoint.available(folder, c, run_id)) for c in (clients or [comm.rank])]
+    mine = sorted(set.intersection(*held), reverse=True)
+    while True:
+        best = max((n for n in mine if n <= bound), default=0)
+        candidate = int(comm.allreduce_min(np.array([best], dtype=np.int64), channel="start")[0])
+        if candidate == 0:
+            return 0
+        held = int(comm.allreduce_min(np.array([int(candidate in mine)], dtype=np.int64), channel="start")[0])
+        if held:
+            return candidate
+        bound = candidate - 1
+
+
+def agree_on_start(comm, out: Path, resolved: dict, mode: str) -> startpoint.Start:
+    """Rank 0 applies :func:`mpicd.run.startpoint.decide` to what lies at ``out`` (and, for
+    ``--overwrite``, deletes it); every rank gets the same decision, or the same ConfigError."""
+    decision, error = None, None
+    if comm.rank == 0:
+        try:
+            decision = startpoint.decide(startpoint.inspect(out), resolved, mode)
+            if decision.clear:
+                out.unlink(missing_ok=True)
+                checkpoint.remove_all(checkpoint.folder_for(out))
+        except ConfigError as err:
+            error = err
+        except OSError as err:
+            error = ConfigError("--out", f"cannot replace {out}: {err.strerror or err}")
+    failing = comm.first_failing_rank(error is not None)
+    if failing is not None:  # rank 0 prints it (cli.run); the others raise quietly
+        raise error or ConfigError("--out", "rank 0 refused the output (see its message)")
+    flags = np.zeros(4 + RUN_ID_CHARS, dtype=np.int64)
+    if comm.rank == 0:
+        flags[:4] = [decision.fresh, decision.complete, decision.bound, decision.clear]
+        flags[4:] = np.frombuffer(decision.run_id.encode().ljust(RUN_ID_CHARS), dtype=np.uint8)
+    flags = comm.bcast(flags, channel="start")
+    if comm.rank == 0:
+        return decision
+    run_id = bytes(flags[4:].astype(np.uint8)).decode().strip()
+    return startpoint.Start(bool(flags[0]), run_id, bool(flags[1]), int(flags[2]), bool(flags[3]))
+
+
+def resume_point(plan: Plan, clients: list[Client], comm, out: Path, decision: startpoint.Start) -> int:
+    """Load the newest checkpoint of this run that all ranks share, at or before the file's
+    completed rounds (collective); returns the first round to run. This run's checkpoints past
+    that point (a round the file does not hold) are deleted, so they never count among the newest two.
+
+    A checkpoint whose config differs from this run's in anything but operational keys is
+    refused with a ConfigError naming the key (raised on every rank).
+    """
+    folder = checkpoint.folder_for(out)
+    indices = [c.index for c in clients]
+    agreed = agree_on_checkpoint(comm, folder, decision.run_id, decision.bound, indices)
+    states, refused = [], []
+    for c in clients:
+        try:
+            states.append(checkpoint.load(folder, c.index, agreed, decision.run_id, c.device) if agreed else None)
+        except checkpoint.Refused:
+            states.append(None)
+            refused.append(c.index)
+    none = plan.config.clients  # more than any client index: no file was refused
+    first = int(comm.allreduce_min(np.array([min(refused, default=none)], dtype=np.int64), channel="start")[0])
+    if first < none:  # every rank raises, so none is left in a collective; rank 0 prints it
+        raise ConfigError(
+            "--resume",
+            f"{checkpoint.path_for(folder, first, agreed, decision.run_id)} is not a checkpoint mpicd wrote"
+            " (it holds more than tensors and plain types; nothing in it was run): move it away to resume"
+            " from an older checkpoint, or start a new output",
+        )
+    ok = int(
+        comm.allreduce_min(np.array([int(all(s is not None for s in states))], dtype=np.int64), channel="start")[0]
+    )
+    for c in indices:
+        checkpoint.discard(folder, c, decision.run_id, newer_than=agreed if ok else -1)
+    if not ok:
+        return 0
+    state = states[0]
+    difference = config_difference(state["config"], plan.resolved_config, "the checkpoint", "this run")
+    same = int(comm.allreduce_min(np.array([int(difference is None)], dtype=np.int64), channel="start")[0])
+    if not same:  # every rank raises here, so none is left in a collective
+        raise ConfigError(
+            "--resume",
+            f"the checkpoint in {folder} was made with a different config: "
+            f"{difference or 'on another rank'}; use another output file or "
+            f"restore the config",
+        )
+    for c, client_state in zip(clients, states):
+        restore_client(c, comm.ledger, client_state)
+    return agreed
+
+
+def remove_checkpoints(comm, folder: Path, run_id: str, clients: list[int]) -> None:
+    """A complete run needs no checkpoint: each rank drops its clients', then rank 0 the folder
+    (left in place if another run's files are still in it)."""
+    for c in clients:
+        checkpoint.discard(folder, c, run_id)
+    comm.allreduce_min(np.zeros(1, dtype=np.int64), channel="stop")  # every rank has deleted its files
+    if comm.rank == 0 and folder.is_dir():
+        try:
+            folder.rmdir()
+        except OSError:
+            pass  # something else lives there: leave it

@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# pneumoniamnist's stages of the study: see ../stages.sh (run from anywhere).
+#   bash study/pneumoniamnist/run.sh STAGE...     # STAGE = a sweep file of this folder without .yaml
+exec bash "$(dirname "${BASH_SOURCE[0]}")/../stages.sh" pneumoniamnist "$@"

@@ -1,0 +1,150 @@
+"""Every algorithm end to end under a real mpiexec (2, 4 and 6 ranks), on the built-in data and on
+PneumoniaMNIST: the bytes in the results file are exactly each protocol's payload.
+
+One MPI job per rank count (``tests/drivers/baselines.py``, the session fixture ``baselines`` in
+conftest.py) serves every baseline test module, because each mpiexec start costs ~10 s on a
+small box.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from mpicd.algorithms import REGISTRY
+from mpicd.config.loading import load_config
+from mpicd.config.sections import ConfigError
+from mpicd.results.reader import Results
+from mpicd.run.plan import prepare
+
+from conftest import QUICKSTART, require_pneumonia
+from drivers.driver_settings import RUN_ROUNDS
+
+ALGORITHMS = ("codistill", "local", "fedavg", "fedproto", "feddistill", "fedamp", "centralized")
+
+
+def expected_bytes(name: str, res: Results) -> tuple[str | None, int, int]:
+    """(kind, sent, received) per rank and round as the protocol says; kind None: nothing moves."""
+    p, d, c, n = (int(res.attrs[k]) for k in ("num_parameters", "feature_dim", "num_classes", "clients"))
+    return {
+        "fedavg": ("allreduce", 4 * (p + 1), 4 * (p + 1)),
+        "fedproto": ("allreduce", 4 * c * (d + 1), 4 * c * (d + 1)),
+        "feddistill": ("allreduce", 4 * c * (c + 1), 4 * c * (c + 1)),
+        "fedamp": ("allgather", 4 * p, 4 * n * p),
+        "local": (None, 0, 0),
+        "centralized": (None, 0, 0),
+    }[name]
+
+
+def check_bytes(name: str, res: Results, ranks: int) -> None:
+    kind, sent, recv = expected_bytes(name, res)
+    assert res.completed_rounds == RUN_ROUNDS
+    assert np.array_equal(res.metrics["bytes_sent"], np.full((RUN_ROUNDS, ranks), sent)), name
+    assert np.array_equal(res.metrics["bytes_recv"], np.full((RUN_ROUNDS, ranks), recv)), name
+    for k, kind_name in enumerate(res.kinds):
+        if kind_name != kind:
+            assert not res.bytes_sent_by_kind[:, :, k].any() and not res.bytes_recv_by_kind[:, :, k].any(), name
+        else:
+            assert (res.bytes_sent_by_kind[:, :, k] == sent).all() and (res.bytes_recv_by_kind[:, :, k] == recv).all()
+
+
+BASELINES = ("fedavg", "fedproto", "feddistill", "fedamp", "local", "centralized")
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_bytes_per_round_per_rank_are_the_protocol_payload(baselines, name):
+    ranks, out = baselines
+    check_bytes(name, Results(out / f"{name}_quick.h5"), ranks)
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_bytes_on_pneumoniamnist(baselines, name):
+    require_pneumonia()
+    ranks, out = baselines
+    res = Results(out / f"{name}_pneumonia.h5")
+    assert res.attrs["dataset"] == "pneumoniamnist" and res.attrs["feature_dim"] == 200
+    check_bytes(name, res, ranks)
+
+
+def test_options_keep_the_payload(baselines):
+    ranks, out = baselines
+    check_bytes("fedproto", Results(out / "fedproto_nearest_quick.h5"), ranks)
+    check_bytes("fedproto", Results(out / "fedproto_equal_quick.h5"), ranks)
+    check_bytes("feddistill", Results(out / "feddistill_include_quick.h5"), ranks)
+    check_bytes("fedamp", Results(out / "fedamp_lambda0_quick.h5"), ranks)
+
+
+@pytest.mark.parametrize("dataset", ["quick", "pneumonia"])
+def test_every_algorithm_runs_end_to_end(baselines, dataset):
+    if dataset == "pneumonia":
+        require_pneumonia()
+    ranks, out = baselines
+    for name in ALGORITHMS:
+        res = Results(out / f"{name}_{dataset}.h5")
+        assert res.attrs["algorithm"] == name and res.config["algorithm"]["name"] == name
+        assert res.completed_rounds == RUN_ROUNDS and res.attrs["clients"] == ranks
+        for metric in ("train_loss", "test_acc", "balanced_acc", "minority_acc"):
+            values = res.metrics[metric]
+            assert values.shape == (RUN_ROUNDS, ranks) and np.isfinite(values).all(), (name, metric)
+        assert ((res.metrics["test_acc"] >= 0) & (res.metrics["test_acc"] <= 1)).all()
+
+
+def test_resolved_hyper_parameters_are_in_the_results_file(baselines):
+    _, out = baselines
+    config = {name: Results(out / f"{name}_quick.h5").config["algorithm"] for name in BASELINES}
+    assert config["fedavg"] == {"name": "fedavg", "reduction": "mpi"}
+    assert config["fedproto"] == {
+        "name": "fedproto",
+        "lambda": 1.0,
+        "weighting": "samples",
+        "predict": "head",
+        "reduction": "mpi",
+    }
+    assert config["feddistill"] == {"name": "feddistill", "lambda": 1.0, "exclude_self": True, "reduction": "mpi"}
+    assert config["fedamp"] == {
+        "name": "fedamp",
+        "lambda": 0.1,
+        "sigma": 1e-4,
+        "alpha": "auto",
+        "similarity": "gaussian",
+        "self_weight": 0.5,
+        "cosine_scale": 10.0,
+        "exchange": "allgather",
+    }
+    assert config["centralized"] == {"name": "centralized"}
+
+
+def test_registry_has_every_algorithm():
+    assert set(ALGORITHMS) == set(REGISTRY)
+    for name, cls in REGISTRY.items():
+        assert cls.name == name
+        assert len(sys.modules[cls.__module__].__doc__ or "") > 40, f"{name}: say what it sends and why"
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("algorithm={name: fedproto, lambda: -1}", "algorithm.lambda"),
+        ("algorithm={name: fedproto, predict: knn}", "algorithm.predict"),
+        ("algorithm={name: feddistill, exclude_self: 1}", "algorithm.exclude_self"),
+        ("algorithm={name: feddistill, temperature: 2}", "algorithm.temperature"),
+        ("algorithm={name: fedamp, sigma: 0}", "algorithm.sigma"),
+        ("algorithm={name: fedamp, alpha: -1}", "algorithm.alpha"),
+        ("algorithm={name: fedamp, alpha: 1.0e-4}", "algorithm.alpha"),  # > sigma / (clients - 1): xi_ii < 0
+        ("algorithm={name: fedamp, self_weight: 1.5}", "algorithm.self_weight"),
+        ("algorithm={name: fedamp, similarity: dot}", "algorithm.similarity"),
+        ("algorithm={name: fedavg, lambda: 1}", "algorithm.lambda"),
+        ("algorithm={name: centralized, k: 3}", "algorithm.k"),
+    ],
+)
+def test_bad_hyper_parameters_are_rejected_naming_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        prepare(load_config(QUICKSTART, [override]))
+    assert err.value.key == key, str(err.value)
+
+
+def test_valid_alpha_is_accepted():
+    prepare(load_config(QUICKSTART, ["algorithm={name: fedamp, alpha: 3.0e-5}"]))  # 3 * 3e-5 <= 1e-4
+    prepare(load_config(QUICKSTART, ["algorithm={name: fedamp, alpha: 1.0, similarity: cosine}"]))
