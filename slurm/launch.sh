@@ -41,7 +41,7 @@ launch() {
   local launcher cmd rc out tee_pid seen started
   # the command line from mpicd.mpi.launch (MPICD_LAUNCHER, MPICD_SRUN_ARGS, MPICD_MPIRUN_ARGS), with
   # no --oversubscribe: inside an allocation its slots are the limit
-  mapfile -t cmd < <(python -m mpicd.mpi.launch --no-oversubscribe ${MPICD_NTASKS:+-n "$MPICD_NTASKS"})
+  mapfile -t cmd < <(python -m mpicd.mpi.launch --no-oversubscribe --srun-all-tasks ${MPICD_NTASKS:+-n "$MPICD_NTASKS"})
   [ ${#cmd[@]} -gt 0 ] || return 2  # mpicd.mpi.launch has said why
   launcher=$([ "${cmd[0]}" = srun ] && echo srun || echo mpirun)
   local a

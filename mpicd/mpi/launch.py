@@ -103,12 +103,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--launcher", choices=LAUNCHERS, help="default: MPICD_LAUNCHER, else srun in an allocation")
     parser.add_argument("--no-oversubscribe", action="store_true", help="mpirun: no --oversubscribe (an allocation)")
     parser.add_argument("--unbound", action="store_true", help="mpirun: no binding of ranks to cores")
+    parser.add_argument("--srun-all-tasks", action="store_true", help="srun: no -n (the allocation's tasks)")
     parser.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS...")
     args = parser.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     try:
+        srun = chosen(args.launcher) == "srun"
         line = command(
-            args.ranks, program, launcher=args.launcher, oversubscribe=not args.no_oversubscribe, unbound=args.unbound
+            None if srun and args.srun_all_tasks else args.ranks,
+            program,
+            launcher=args.launcher,
+            oversubscribe=not args.no_oversubscribe,
+            unbound=args.unbound,
         )
     except LaunchError as err:
         print(f"mpicd: {err}", file=sys.stderr)

@@ -96,6 +96,14 @@ def test_the_command_line_form_prints_one_argument_per_line(plain_env):
         timeout=60,
     )
     assert bad.returncode == 0 and bad.stdout.splitlines()[0] == "srun"  # --launcher beats the environment
+    whole = subprocess.run(
+        [sys.executable, "-m", "mpicd.mpi.launch", "--srun-all-tasks", "-n", "2"],
+        env={**env, "MPICD_LAUNCHER": "srun"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert whole.stdout.splitlines() == ["srun", "--mpi=pmix", "--kill-on-bad-exit=1"]  # the allocation's tasks
     missing = subprocess.run(
         [sys.executable, "-m", "mpicd.mpi.launch", "--launcher", "mpirun"], env=env, capture_output=True, text=True
     )
