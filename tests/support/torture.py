@@ -60,7 +60,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mpicd.mpi import launch  # noqa: E402
 import proc_identity  # noqa: E402 - tests/support/ is not a package
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +67,7 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 # The mpicd every job runs and every check reads (use_code): by default a copy taken at the start,
 # so that edits to the tree during a long run never mix two versions of mpicd in one cycle.
 CODE, CONFIG = ROOT, QUICKSTART
-checkpoint = startpoint = Results = ResultsFileError = verify = None
+checkpoint = startpoint = Results = ResultsFileError = verify = launch = None
 KINDS = ("job", "rank", "in_write", "in_checkpoint")
 ROUND_LINE = re.compile(r"^round +(\d+)/(\d+) ", re.M)
 REFUSED = 2
@@ -80,7 +79,7 @@ JOB_TIMEOUT = 240.0  # seconds an attempt may take before it counts as hung
 def use_code(work: Path, snapshot: bool = True) -> None:
     """Import mpicd for the checks, from a copy of the tree's mpicd/ and quick-start config in
     ``work/code`` (``snapshot``) or from the tree; the jobs run the same (cwd and PYTHONPATH)."""
-    global CODE, CONFIG, checkpoint, startpoint, Results, ResultsFileError, verify
+    global CODE, CONFIG, checkpoint, startpoint, Results, ResultsFileError, verify, launch
     if snapshot:
         code = work / "code"
         shutil.rmtree(code, ignore_errors=True)
@@ -90,6 +89,7 @@ def use_code(work: Path, snapshot: bool = True) -> None:
         if "mpicd" in sys.modules:
             raise RuntimeError("use_code(snapshot=True) must run before anything imports mpicd")
     sys.path.insert(0, str(CODE))
+    from mpicd.mpi import launch  # noqa: F811
     from mpicd.run import checkpoint
     from mpicd.run import startpoint  # noqa: F811
     from mpicd.results.reader import Results, ResultsFileError  # noqa: F811
