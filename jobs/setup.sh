@@ -73,11 +73,11 @@ cached_wheel "$CACHE" h5py build_h5py
 "$PY" -m pip install -q --no-index --find-links "$CACHE" h5py
 "$PY" -c 'import h5py, sys; sys.exit(0 if h5py.get_config().mpi else "h5py was built without MPI")'
 
-# 5. PyTorch (pinned) and mpicd itself with its test and privacy extras (opacus, dp-accounting:
-#    the private path's tests run in CI). The torch pins are repeated in the same install so that
-#    resolving the extras can never up- or downgrade torch (pip fails instead).
+# 5. PyTorch (pinned) and mpicd itself with its test, privacy (opacus, dp-accounting: the private
+#    path's tests run in CI) and docs (Sphinx with MyST: jobs/docs.sh) extras. The torch pins are
+#    repeated in the same install so that resolving the extras can never up- or downgrade torch.
 "$PY" -m pip install -q $TORCH_PIN
-"$PY" -m pip install -q -e ".[test,privacy]" $TORCH_PIN
+"$PY" -m pip install -q -e ".[test,privacy,docs]" $TORCH_PIN
 
 echo "$STAMP_TEXT" > "$STAMP"
 log "done: $("$PY" -c 'import mpi4py, h5py, torch; print("mpi4py", mpi4py.__version__, "h5py", h5py.__version__, "torch", torch.__version__)')"

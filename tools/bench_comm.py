@@ -8,7 +8,7 @@ on PneumoniaMNIST (``../shared/data/pneumoniamnist.npz`` if present, otherwise r
 the same 1x28x28 layout: the byte counts do not depend on pixel values). It then reads each
 results file and prints, per model and algorithm, the mean over ranks of the bytes sent and
 received in the round, the algorithm's declared formula (``payloads`` in its module, the same
-declaration as README's "What leaves a rank" table), and the total (sent + received) relative to
+declaration as the payload table of docs/explanation/what-leaves-a-rank.md), and the total (sent + received) relative to
 FedAvg. Exits non-zero if any rank's measured count of any kind differs from the formula
 (``Algorithm.bytes_per_round``; co-distillation's S, the students a rank serves, from ``/comm/teacher``).
 """

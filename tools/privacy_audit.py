@@ -3,9 +3,9 @@
     .venv/bin/python tools/privacy_audit.py [--data ../shared/data/pneumoniamnist.npz] [--trials 2000]
         [--members 100] [--attack-members 10 100] [--epsilons 1 4 16] [--train-epochs 1] [--seed 0]
         [--tables releases canary attack methods] [--method-trials 200] [--fedavg-rounds 100] [--json out.json]
-        [--release-trials 10000] [--repeats 100] [--composition-repeats 30] [--write-readme]
+        [--release-trials 10000] [--repeats 100] [--composition-repeats 30] [--write-docs]
 
-0. ``releases`` (the README's audit table; ``--write-readme`` puts it there): every private release
+0. ``releases`` (the audit table of docs/explanation/privacy.md; ``--write-docs`` puts it there): every private release
    through the code a run calls (mpicd.bench.release_audit: co-distillation's R with noised counts, the
    default, and its logit reading; FedProto's and FedDistill's payloads; FedAvg's/FedAMP's DP-SGD
    epoch), each at the sigma a run of --config resolves for a claimed epsilon of --release-epsilon
@@ -77,7 +77,7 @@ from mpicd.privacy.gaussian import release_multiplier  # noqa: E402
 from mpicd.privacy.streams import ATTACK  # noqa: E402
 
 TABLES = ("releases", "canary", "attack", "methods")
-README_BEGIN, README_END = "<!-- release audit: begin -->", "<!-- release audit: end -->"
+DOCS_BEGIN, DOCS_END = "<!-- release audit: begin -->", "<!-- release audit: end -->"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds-epsilon", type=float, default=4.0, help="releases: the composition's claimed epsilon")
     parser.add_argument("--repeats", type=int, default=100, help="releases: audits of the half-sigma control")
     parser.add_argument("--composition-repeats", type=int, default=30, help="releases: audits of its control")
-    parser.add_argument("--write-readme", action="store_true", help="releases: put the table in README.md")
+    parser.add_argument(
+        "--write-docs", action="store_true", help="releases: put the table in docs/explanation/privacy.md"
+    )
     args = parser.parse_args(argv)
     start = time.time()
 
@@ -219,18 +221,18 @@ def releases_table(args, ds, features, logits, test_features, test_logits) -> li
         )
     text = release_markdown(args, rows)
     print("\n" + text)
-    if args.write_readme:
-        readme = ROOT / "README.md"
-        head, rest = readme.read_text().split(README_BEGIN, 1)
-        _, tail = rest.split(README_END, 1)
-        readme.write_text(f"{head}{README_BEGIN}\n{text}\n{README_END}{tail}")
+    if args.write_docs:
+        page = ROOT / "docs" / "explanation" / "privacy.md"
+        head, rest = page.read_text().split(DOCS_BEGIN, 1)
+        _, tail = rest.split(DOCS_END, 1)
+        page.write_text(f"{head}{DOCS_BEGIN}\n{text}\n{DOCS_END}{tail}")
     return rows
 
 
 def release_markdown(args, rows: list[dict]) -> str:
-    """The README's audit table (``--write-readme`` puts it between the markers)."""
+    """The privacy page's audit table (``--write-docs`` puts it between the markers)."""
     lines = [
-        f"Command: `.venv/bin/python tools/privacy_audit.py --tables releases --write-readme` (seed {args.seed}, "
+        f"Command: `.venv/bin/python tools/privacy_audit.py --tables releases --write-docs` (seed {args.seed}, "
         f"{args.release_trials} trials per neighbour, the threshold from the first half, the rates from the "
         f"second; C = {args.clip}, delta = {args.delta}; {sum(r['seconds'] for r in rows):.0f} s on this machine).",
         "",

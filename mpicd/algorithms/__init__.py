@@ -42,7 +42,7 @@ MPI_OPERATIONS = {
 
 
 def payload_table() -> str:
-    """README's "What leaves a rank" table, from every algorithm's ``payloads`` declaration."""
+    """The payload table of docs/explanation/what-leaves-a-rank.md, from every algorithm's ``payloads`` declaration."""
     lines = [
         "| `algorithm.name` | options | what leaves the rank each round | shape (float32) | "
         "MPI operation (ledger kind) | bytes sent | bytes received |",

@@ -118,7 +118,7 @@ def _evaluate(node: ast.AST, names: dict) -> int:
 
 @dataclass(frozen=True)
 class Payload:
-    """What one rank sends each round under some options: the single declaration that the README
+    """What one rank sends each round under some options: the single declaration that the docs' payload
     table (:func:`mpicd.algorithms.payload_table`), ``tools/bench_comm.py`` and the byte tests read.
 
     ``sent`` / ``recv`` are one client's bytes per round as formulas in N, C, D, P, B (:class:`Sizes`)

@@ -21,7 +21,7 @@ Two options reproduce the authors' code (both off by default):
 With either option ``/comm/teacher`` holds the round's shared assignment only when teachers are
 drawn per round; per minibatch it is -1.
 
-With ``privacy`` (mpicd/privacy, README "Privacy"; ``k: all``, ``teacher_per: round``, ``classes:
+With ``privacy`` (mpicd/privacy, docs/explanation/privacy.md; ``k: all``, ``teacher_per: round``, ``classes:
 expertise`` only) R is :meth:`private_means`: the images of the expertise class Poisson-sampled at
 ``privacy.sample_rate``, each one's eval-mode vector clipped to ``privacy.clip``, the sum noised
 (std sigma C), divided by the noised count (the default), or by the expected count q n (``counts: public``,

@@ -31,7 +31,7 @@ squared deviation from u_i: the same defaults behave alike on every model.
 
 **Defaults, measured, not guessed**: ``sigma = 1e-4`` per parameter and ``lambda = 0.1``, from the
 distances between clients' models and the xi they give; the measurements and the reasoning are in
-docs/fedamp-defaults.md (re-measure for a new model or optimiser: ``tests/drivers/baselines.py``
+docs/explanation/fedamp-defaults.md (re-measure for a new model or optimiser: ``tests/drivers/baselines.py``
 writes every rank's xi).
 
 **Default alpha** (``auto``): ``alpha = sigma / N``, so that identical models (round 0: all
@@ -175,7 +175,7 @@ class FedAMPParams:
         0.1,
         ge=0.0,
         doc="weight of the proximal term (lambda / (2 alpha)) ||w - u_i||^2; "
-        "default measured, see docs/fedamp-defaults.md",
+        "default measured, see docs/explanation/fedamp-defaults.md",
     )
     sigma: float = spec(
         1e-4,

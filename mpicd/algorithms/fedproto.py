@@ -8,9 +8,9 @@ derives the global prototypes p_c locally from the result:
 
 * ``weighting: samples`` (default, the paper's Eq. 6): the payload is ``[S_ic = n_ic * mean_ic
   (C x D) ; n_ic (C)]``, so ``p_c = sum_i n_ic mean_ic / sum_i n_ic``: the clients' means weighted
-  by their sample counts of c, the weights |D_ic| / N_c of Eq. 6 and of the objective (Eq. 3).
-  (Eq. 6 as printed carries a further factor 1 / |N_c|, the number of clients with c; with it the
-  weights would sum to 1 / |N_c| and p_c would not be a mean, so it is read as a typo.)
+  by their sample counts of c, the weights ``|D_ic| / N_c`` of Eq. 6 and of the objective (Eq. 3).
+  (Eq. 6 as printed carries a further factor ``1 / |N_c|``, the number of clients with c; with it the
+  weights would sum to ``1 / |N_c|`` and p_c would not be a mean, so it is read as a typo.)
 * ``weighting: equal`` (the reference code, yuetan031/FedProto ``proto_aggregation``): the payload
   is ``[mean_ic (C x D) ; 1 if client i had c (C)]``, so ``p_c`` is the plain mean of the means
   of the clients that had c, whatever their sample counts.

@@ -14,8 +14,10 @@ repeat after repeat, in alternating order so that background load hits every sid
 3. parallel vs serial: the N-rank ``local`` run of part 2 against rank 0 alone training the same
    N clients one after another (how single-process simulators run) with ``--threads`` threads
    (default: what mpicd gives one rank alone, all the cores), like part 1 and the ResNet-18 compute.
+
 5. network: ping-pong and Allreduce over message sizes (:mod:`mpicd.bench.net`), fitted to
    latency + bytes / bandwidth.
+
 Then 4. start-up: ``--repeats`` fresh launches of the quick start on N ranks, split into the
 phases ``mpicd run`` records (attr ``startup_seconds``) plus the rest up to round 1.
 The projection combines the fit, the bytes every algorithm declares (``payloads``) and the measured

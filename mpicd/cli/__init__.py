@@ -57,5 +57,5 @@ def command_list(parsers: dict[str, argparse.ArgumentParser]) -> str:
     width = max(map(len, parsers))
     lines = [f"mpicd {__version__}: federated learning on class-imbalanced images, one MPI rank per client", ""]
     lines += [f"  mpicd {name:<{width}}  {p.description}" for name, p in parsers.items()]
-    lines += ["", "mpicd COMMAND --help for a command's options; mpicd --version; README.md for the rest"]
+    lines += ["", "mpicd COMMAND --help for a command's options; mpicd --version; docs/index.md for the rest"]
     return "\n".join(lines)

@@ -18,7 +18,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--algorithm", metavar="NAME", help="show this algorithm's own keys (default: codistill)")
     p.add_argument(
-        "--markdown", action="store_true", help="every key of every algorithm as the README's Markdown tables"
+        "--markdown",
+        action="store_true",
+        help="every key of every algorithm as the configuration reference's Markdown tables",
     )
     return p
 

@@ -240,7 +240,7 @@ class TimeoutConfig:
 
 @dataclass
 class PrivacyConfig:
-    """Differential privacy of what leaves a rank (mpicd/privacy; README "Privacy"). The section absent
+    """Differential privacy of what leaves a rank (mpicd/privacy; docs/explanation/privacy.md). The section absent
     (the default) is privacy off: nothing is clipped, sampled or noised, and no accountant runs."""
 
     epsilon: Optional[float] = spec(

@@ -1,5 +1,5 @@
-"""The configuration as people read it: ``mpicd config``'s commented default YAML and the README's key
-tables (``mpicd config --markdown``), from the declarations in mpicd.config.sections and each algorithm's Params.
+"""The configuration as people read it: ``mpicd config``'s commented default YAML and the configuration
+reference's key tables (``mpicd config --markdown``), from the declarations in mpicd.config.sections and each algorithm's Params.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from mpicd.config.sections import Config
 
 @dataclass(frozen=True)
 class KeyDoc:
-    """One key as ``mpicd config`` and the README's table show it."""
+    """One key as ``mpicd config`` and the configuration reference's table show it."""
 
     key: str  # dotted, as written in YAML
     default: Any
@@ -123,7 +123,8 @@ def default_config(name: str) -> str:
 
 
 def config_tables() -> str:
-    """The README's configuration tables (``mpicd config --markdown``): every key, then every algorithm's keys."""
+    """The configuration tables of docs/reference/configuration.md (``mpicd config --markdown``): every key,
+    then every algorithm's keys."""
     from mpicd.algorithms import REGISTRY
 
     def row(*cells: str) -> str:

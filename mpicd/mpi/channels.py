@@ -13,7 +13,7 @@ declare, before anything is sent, and counts every channel's bytes (the results 
 * **instrumentation** -- what only the experimenter's results file and console need: metrics,
   timings, placement. ``reach: writer``: only rank 0, the writer, receives them (every other rank
   only sends); ``reach: all``: every rank receives them, because every rank must pass the same
-  value to a collective HDF5 metadata call. README's "What leaves a rank" names each one as the
+  value to a collective HDF5 metadata call. docs/explanation/what-leaves-a-rank.md names each one as the
   experimenter's channel, which a deployment would not have.
 
 The algorithm's payload channel is declared here with every dtype and operation an algorithm may
@@ -50,7 +50,7 @@ CHANNELS: dict[str, Channel] = {
     c.name: c
     for c in (
         Channel("payload", "payload", ("float32", "float64", "int64"), _ALL_OPS, "peers",
-                "the algorithm's declared release each round (its payloads; README table above)"),
+                "the algorithm's declared release each round (its payloads; the payload table)"),
         Channel("layout", "control", ("int64",), ("allgather",), "peers",
                 "before every collective, each rank's buffer size and dtype code, so a mismatch is named "
                 "instead of MPI reading past a buffer"),
@@ -101,7 +101,8 @@ def payload_channel(algorithm, params) -> Channel:
 
 
 def table() -> str:
-    """README's table of every channel but the payload (whose rows are the payload table's)."""
+    """The channel table of docs/explanation/what-leaves-a-rank.md: every channel but the payload (whose
+    rows are the payload table's)."""
     lines = [
         "| channel | class | reaches | dtypes | MPI operations | what it carries |",
         "| --- | --- | --- | --- | --- | --- |",

@@ -241,7 +241,7 @@ class Comm:
         return result
 
     def allgather(self, array: np.ndarray, *, channel: str) -> np.ndarray:
-        """Every rank's block stacked along a new first axis (size, *array.shape)."""
+        """Every rank's block stacked along a new first axis ``(size, *array.shape)``."""
         result = np.empty((self.size, *array.shape), dtype=array.dtype)
         self._agree_on_layout("allgather", array, channel)
         self._open(channel, "allgather", [array])
@@ -254,7 +254,7 @@ class Comm:
         return result
 
     def gather(self, array: np.ndarray, root: int = 0, *, channel: str) -> np.ndarray | None:
-        """Every rank's block stacked along a new first axis (size, *array.shape), on ``root`` only
+        """Every rank's block stacked along a new first axis ``(size, *array.shape)``, on ``root`` only
         (None elsewhere): what only the writer needs reaches no other rank."""
         result = np.empty((self.size, *array.shape), dtype=array.dtype) if self.rank == root else None
         self._agree_on_layout("gather", array, channel)
@@ -331,7 +331,7 @@ class Comm:
         return result
 
     def allgather_clients(self, blocks: dict[int, np.ndarray], owner: np.ndarray, *, channel: str) -> np.ndarray:
-        """Every client's block, stacked in client order (clients, *shape); ``owner[i]``: client
+        """Every client's block, stacked in client order ``(clients, *shape)``; ``owner[i]``: client
         i's rank (mpicd.mpi.assignment), ``blocks``: this rank's clients' blocks, all of one shape and dtype.
         One Allgatherv of each rank's blocks; each client counts as sending its block and receiving
         all N (its own included), as :meth:`allgather` counts a rank. One client per rank: exactly

@@ -1,6 +1,6 @@
 """The results file's layout, declared once: every dataset's dims, dtype, units and description.
 
-Layout (a contract the report and later tools rely on):
+Layout (a contract the report and later tools rely on)::
 
     /                       attrs: config (YAML), mpicd_version, versions (YAML), algorithm,
                                    clients, rounds, num_parameters, feature_dim, num_classes,
@@ -22,8 +22,8 @@ Layout (a contract the report and later tools rely on):
 
 Each dataset's dims, dtype, units and one-sentence description are declared once, in
 :func:`layout` (the per-round ones in :func:`columns`); the file carries them as the attributes
-``units`` and ``description`` and README.md's results-file table is generated from the same
-declarations (``tools/readme_tables.py``). Every axis is an HDF5 dimension scale, labelled with its
+``units`` and ``description`` and the results-file table of docs/reference/results-file.md is generated from the same
+declarations (``tools/docs_tables.py``). Every axis is an HDF5 dimension scale, labelled with its
 name: round (1..rounds), client (0..clients-1), class (the names of attr class_names), kind
 (mpicd.mpi.accounting.KINDS), direction (sent, received). Each group holds a 1-D scale dataset of every
 dimension it uses (xarray opens one group at a time and finds coordinate values only there), so
@@ -73,7 +73,7 @@ class RoundRow:
 
 @dataclass(frozen=True)
 class Column:
-    """One per-round dataset: ``path`` holds (rounds, clients, *shape) values of ``dtype``; ``dims``
+    """One per-round dataset: ``path`` holds ``(rounds, clients, *shape)`` values of ``dtype``; ``dims``
     names the axes after (round, client); ``units`` and ``description`` become its attributes."""
 
     path: str
@@ -281,7 +281,8 @@ def is_scale(dset: Any) -> bool:
 
 
 def layout_table(num_classes: int = 2) -> str:
-    """README's results-file table: every dataset of :func:`layout`, then the dimension scales."""
+    """The results-file table of docs/reference/results-file.md: every dataset of :func:`layout`, then the
+    dimension scales."""
     kinds = {"f8": "float64", "i8": "int64"}
     lines = ["| dataset | dims | dtype | units | description |", "| --- | --- | --- | --- | --- |"]
     for d in layout(num_classes):

@@ -90,7 +90,7 @@ def unplain(value):
 
 
 def folder_for(results: str | Path) -> Path:
-    """Checkpoints live beside the results file, never as *.h5 in a sweep's output folder."""
+    """Checkpoints live beside the results file, never as ``*.h5`` in a sweep's output folder."""
     return Path(f"{results}.ckpt")
 
 

@@ -143,12 +143,12 @@ def test_every_option_combination_selects_exactly_one_declared_payload(name):
         assert (cls.payload_for(p) is not None) == bool(cls.payloads), p  # payload_for raises on two
 
 
-def test_readme_section_is_the_generated_table():
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_table_is_the_generated_table():
+    text = (ROOT / "docs" / "explanation" / "what-leaves-a-rank.md").read_text()
     begin, end = "<!-- payload table: begin -->", "<!-- payload table: end -->"
-    assert text.count(begin) == 1 and text.count(end) == 1, "README.md lost its payload table markers"
+    assert text.count(begin) == 1 and text.count(end) == 1, "what-leaves-a-rank.md lost its payload table markers"
     assert text.split(begin)[1].split(end)[0].strip("\n") == payload_table(), (
-        "README.md is stale: paste mpicd.algorithms.payload_table() between the markers"
+        "docs/explanation/what-leaves-a-rank.md is stale: run .venv/bin/python tools/docs_tables.py"
     )
     assert "no image, label or per-sample value ever crosses MPI" in " ".join(text.split())
 

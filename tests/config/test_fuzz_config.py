@@ -1,14 +1,14 @@
 """Property-based bad input: every generated bad config or override is exit 2 and one line naming the key.
 
-The expected key and type of every setting are transcribed by hand from the README's table (KEYS
-below), not read from mpicd.config.sections, so a lost bound or type check fails here. Each example is one
-valid base config with exactly one thing broken, so the culprit is known in advance: wrong types,
-values out of range, huge and negative numbers, strings where numbers belong, unknown keys at every
-level, keys under a value, sections and whole files that are not mappings, broken YAML, duplicate
-keys, bytes that are not UTF-8. Sections are dropped from the base at random (a missing section
-means its defaults, so the base stays valid). Hypothesis runs in-process through ``mpicd check``
-for breadth; a few examples go through real ``python -m mpicd check`` and ``mpiexec -n 2 python -m
-mpicd run`` to show both print the same single message.
+The expected key and type of every setting are transcribed by hand from the configuration reference's table
+(docs/reference/configuration.md; KEYS below), not read from mpicd.config.sections, so a lost bound or type
+check fails here. Each example is one valid base config with exactly one thing broken, so the culprit is known
+in advance: wrong types, values out of range, huge and negative numbers, strings where numbers belong, unknown
+keys at every level, keys under a value, sections and whole files that are not mappings, broken YAML,
+duplicate keys, bytes that are not UTF-8. Sections are dropped from the base at random (a missing section
+means its defaults, so the base stays valid). Hypothesis runs in-process through ``mpicd check`` for breadth;
+a few examples go through real ``python -m mpicd check`` and ``mpiexec -n 2 python -m mpicd run`` to show both
+print the same single message.
 """
 
 from __future__ import annotations

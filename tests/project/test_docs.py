@@ -1,25 +1,37 @@
-"""The README's configuration tables are `mpicd config --markdown`: generated from the declarations
-the loader validates against, and they name every key the loader accepts."""
+"""The documentation is kept true: the generated tables are the declarations, every command a page
+tells the reader to type is valid as typed, the worked examples work, the README stays short, and the
+site builds strictly (jobs/docs.sh: a warning or a broken link fails it)."""
 
 import re
+import subprocess
+import sys
+
+import pytest
 
 from mpicd.algorithms import REGISTRY
 from mpicd.config.sections import Config, to_mapping
 from mpicd.config.text import config_tables
 
-from conftest import ROOT
+from conftest import PNEUMONIA, ROOT
 
+DOCS = ROOT / "docs"
 BEGIN, END = "<!-- mpicd config --markdown: begin -->", "<!-- mpicd config --markdown: end -->"
 
 
-def readme_tables() -> str:
-    text = (ROOT / "README.md").read_text()
-    assert text.count(BEGIN) == 1 and text.count(END) == 1, "README.md lost its table markers"
-    return text.split(BEGIN)[1].split(END)[0].strip("\n")
+def generated(page: str, begin: str, end: str) -> str:
+    text = (DOCS / page).read_text()
+    assert text.count(begin) == 1 and text.count(end) == 1, f"docs/{page} lost its markers {begin!r}"
+    return text.split(begin)[1].split(end)[0].strip("\n")
 
 
-def test_readme_configuration_tables_are_generated():
-    assert readme_tables() == config_tables(), "README.md is stale: paste `mpicd config --markdown` between the markers"
+def config_page_tables() -> str:
+    return generated("reference/configuration.md", BEGIN, END)
+
+
+def test_the_configuration_tables_are_generated():
+    assert config_page_tables() == config_tables(), (
+        "docs/reference/configuration.md is stale: run .venv/bin/python tools/docs_tables.py"
+    )
 
 
 def test_every_key_the_loader_accepts_is_in_the_tables():
@@ -27,7 +39,7 @@ def test_every_key_the_loader_accepts_is_in_the_tables():
         for key, value in tree.items():
             yield from dotted(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
 
-    tables = readme_tables()
+    tables = config_page_tables()
     keys = set(dotted({k: v for k, v in to_mapping(Config()).items() if k != "algorithm"}))
     # 26 + on_nonfinite, debug.fail_{rank,round,kind,at}, timeout.round_seconds, eval.every,
     # data.label_map, train.optimizer_state, train.loss, eval.train_split, eval.diagnostics,
@@ -42,69 +54,116 @@ def test_every_key_the_loader_accepts_is_in_the_tables():
         assert rows == ([f"`{k}`" for k in own] or ["–"]), name
 
 
-def test_readme_results_layout_is_generated():
+def test_the_results_layout_is_generated():
     from mpicd.results.columns import layout, layout_table
 
-    begin, end = "<!-- results layout: begin -->", "<!-- results layout: end -->"
-    text = (ROOT / "README.md").read_text()
-    assert text.count(begin) == 1 and text.count(end) == 1, "README.md lost its layout markers"
-    table = text.split(begin)[1].split(end)[0].strip("\n")
-    assert table == layout_table(), "README.md is stale: run .venv/bin/python tools/readme_tables.py"
+    table = generated("reference/results-file.md", "<!-- results layout: begin -->", "<!-- results layout: end -->")
+    assert table == layout_table(), "docs/reference/results-file.md is stale: run .venv/bin/python tools/docs_tables.py"
     for d in layout(2):
         assert f"| `/{d.path}` |" in table, d.path
 
 
 # --------------------------------------------------------------------------- commands as typed
 
-
-def running_block() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Running", 1)[1]
-    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
-    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+# The pages whose shell blocks a reader types: every mpirun.sh / sbatch / mpicd line in them is checked.
+TYPED = ("README.md", "docs/how-to/run.md", "docs/tutorials/first-run.md", "docs/tutorials/slurm-cluster.md")
 
 
-def test_running_commands_are_valid_as_typed(capsys, monkeypatch):
-    """Every `jobs/mpirun.sh N run CONFIG ...` line of README's Running block: the config with its
-    overrides passes `mpicd check` (no MPI) with `clients` equal to N, and every run writes to its
-    own file (a second run onto a file is refused, so lines typed in order must not share one)."""
+def sh_blocks(page: str) -> list[list[str]]:
+    """Each ```sh block of a page, as its command lines without comments (continuations joined)."""
+    text = (ROOT / page).read_text()
+    blocks = []
+    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
+        joined = block.replace("\\\n", " ")
+        blocks.append([line.split("  #")[0].strip() for line in joined.splitlines() if line.split("#")[0].strip()])
+    return blocks
+
+
+def resolved_config(config: str, overrides: list[str], capsys, cwd) -> dict:
+    """The config as `mpicd check` resolves it (no MPI); with the real data absent, the file's own keys."""
     import yaml
 
     from mpicd.cli import main
 
-    monkeypatch.chdir(ROOT)  # as typed: from the project folder (configs name data relative to it)
-    lines = running_block()
-    runs = [line.split() for line in lines if line.startswith("jobs/mpirun.sh ")]
-    assert lines[0].startswith("jobs/mpirun.sh ") and len(runs) >= 4, lines
-    outputs = []
-    for words in runs:
-        ranks, command, config, *rest = words[1:]
-        assert command == "run" and (ROOT / config).is_file(), words
-        overrides = [w for w in rest if "=" in w and not w.startswith("--")]
-        if "pneumoniamnist" in config and not (ROOT.parent / "shared/data/pneumoniamnist.npz").is_file():
-            resolved = yaml.safe_load((ROOT / config).read_text())  # real data absent: the file's own keys
-            resolved.update(yaml.safe_load(w.replace("=", ": ", 1)) for w in overrides if w.startswith("clients="))
-        else:
-            capsys.readouterr()
-            assert main(["check", config, *overrides]) == 0, words
-            resolved = yaml.safe_load(capsys.readouterr().out.split("\nmodel:", 1)[0] + "\n")
-        assert resolved["clients"] == int(ranks), words
-        out = rest[rest.index("--out") + 1] if "--out" in rest else resolved["output"]
-        outputs.append(out)
-        assert "--overwrite" in rest or out != "results/quickstart.h5", words  # jobs/quickstart.sh wrote it
-    assert len(set(outputs)) == len(outputs), outputs
-    data = (ROOT.parent / "shared/data/pneumoniamnist.npz").is_file()
+    if "pneumoniamnist" in config and not PNEUMONIA.is_file():
+        resolved = yaml.safe_load((cwd / config).read_text())
+        resolved.update(yaml.safe_load(w.replace("=", ": ", 1)) for w in overrides if w.startswith("clients="))
+        return resolved
+    capsys.readouterr()
+    assert main(["check", config, *overrides]) == 0, (config, overrides)
+    return yaml.safe_load(capsys.readouterr().out.split("\nmodel:", 1)[0] + "\n")
+
+
+def check_typed(lines: list[str], capsys, cwd) -> int:
+    """Every `jobs/mpirun.sh N run CONFIG ...` line: its config and overrides pass `mpicd check` with
+    `clients` equal to N, and no two runs of the block write one file (a second run onto a file is
+    refused, so lines typed in order must not share one); every `sbatch ... --ntasks=N slurm/X.sbatch`
+    line names a script that exists and a config (or a sweep whose runs) of N clients; every `mpicd
+    check | config | sweep | --help | --version` line exits 0. Returns the lines checked."""
+    from mpicd.cli import main
+
+    checked, outputs = 0, []
     for line in lines:
-        if line.startswith("mpicd ") and line.split()[1] in ("check", "config", "--help", "--version"):
-            if data or "pneumoniamnist" not in line:
-                assert main(line.split()[1:]) == 0, line
-    assert "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" in (ROOT / "README.md").read_text()
+        words = line.split()
+        if words[0] == "jobs/mpirun.sh" and words[2] == "run":
+            ranks, _, config, *rest = words[1:]
+            overrides = [w for w in rest if "=" in w and not w.startswith("--")]
+            resolved = resolved_config(config, overrides, capsys, cwd)
+            assert resolved["clients"] == int(ranks), line
+            out = rest[rest.index("--out") + 1] if "--out" in rest else resolved["output"]
+            assert "--overwrite" in rest or out not in outputs, line
+            outputs.append(out)
+            assert "--overwrite" in rest or out != "results/quickstart.h5", line  # jobs/quickstart.sh wrote it
+        elif words[0] == "sbatch":
+            script = next(w for w in words if w.startswith("slurm/"))
+            assert (ROOT / script).is_file(), line
+            ntasks = int(next(w for w in words if w.startswith("--ntasks=")).split("=")[1])
+            target, *rest = words[words.index(script) + 1 :]
+            if script == "slurm/mpicd.sbatch":
+                overrides = [w for w in rest if "=" in w and not w.startswith("--")]
+                assert resolved_config(target, overrides, capsys, cwd)["clients"] == ntasks, line
+            else:
+                from mpicd.sweep.grid import load_sweep
+
+                runs = load_sweep(cwd / target)
+                ranks = {run.ranks for run in runs}
+                assert len(ranks) == 1, line  # every run of a sweep has one rank count (pack groups by it)
+                assert ranks == {ntasks} or (script == "slurm/pack.sbatch" and ntasks % min(ranks) == 0), line
+                if "--array=" in line:
+                    last = int(re.search(r"--array=0-(\d+)", line).group(1))
+                    assert last == len(runs) - 1, f"{line}: the sweep has {len(runs)} runs"
+        elif words[0] in ("mpicd", ".venv/bin/mpicd") and words[1] in (
+            "check",
+            "config",
+            "sweep",
+            "--help",
+            "--version",
+        ):
+            if PNEUMONIA.is_file() or "pneumoniamnist" not in line:
+                assert main(words[1:]) == 0, line
+        else:
+            continue
+        checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("page", TYPED)
+def test_the_commands_a_page_shows_are_valid_as_typed(page, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)  # as typed: from the project folder (configs name data relative to it)
+    blocks = sh_blocks(page)
+    assert blocks, f"{page} shows no commands"
+    checked = sum(check_typed(block, capsys, ROOT) for block in blocks)
+    assert checked >= {"README.md": 8, "docs/how-to/run.md": 8}.get(page, 3), (page, checked)
+    if page == "README.md":
+        tour = (ROOT / page).read_text().split("## A short tour", 1)[1].split("```sh\n", 1)[1]
+        assert tour.startswith("jobs/mpirun.sh 4 run configs/quickstart.yaml --overwrite"), tour[:80]
+        assert "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" in (ROOT / page).read_text()
 
 
 # --------------------------------------------------------------------------- the guides' worked examples
 
 GUIDE_EDITS = {  # what each guide tells the reader to change in existing files: (file, old, new)
-    "docs/add-a-dataset.md": [
+    "docs/how-to/add-a-dataset.md": [
         (
             "mpicd/data/__init__.py",
             "from mpicd.data import aptos, breast_cancer, covid, medmnist\n",
@@ -121,7 +180,7 @@ GUIDE_EDITS = {  # what each guide tells the reader to change in existing files:
             '    name: Literal["breast_cancer", "medmnist", "aptos", "covid", "table"] = spec(\n',
         ),
     ],
-    "docs/add-an-algorithm.md": [
+    "docs/how-to/add-an-algorithm.md": [
         (
             "mpicd/algorithms/__init__.py",
             "from mpicd.algorithms.fedproto import FedProto\n",
@@ -142,8 +201,6 @@ def test_the_guides_worked_examples_work_in_a_copy_of_the_package(tmp_path):
     in the guide), `mpicd check` with the new format and the new algorithm, and the examples' tests
     (all but the one that starts mpiexec)."""
     import shutil
-    import subprocess
-    import sys
 
     copy = tmp_path / "copy"
     shutil.copytree(ROOT / "mpicd", copy / "mpicd", ignore=shutil.ignore_patterns("__pycache__"))
@@ -183,13 +240,128 @@ def test_the_guides_worked_examples_work_in_a_copy_of_the_package(tmp_path):
 
 
 def test_the_source_tree_section_names_every_package_and_top_level_folder():
-    import subprocess
-
-    section = (ROOT / "README.md").read_text().split("## Source tree\n", 1)[1].split("\n## ", 1)[0]
+    section = (DOCS / "reference" / "source-tree.md").read_text()
     named = set(re.findall(r"^    (\S+)/ ", section, re.M))
     packages = {f"mpicd/{p.parent.name}" for p in (ROOT / "mpicd").glob("*/__init__.py")}
     tracked = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True)
     folders = {f.split("/", 1)[0] for f in tracked.stdout.split() if "/" in f and not f.startswith(".")} - {"mpicd"}
-    assert packages <= named, f"packages missing from README's Source tree: {sorted(packages - named)}"
-    assert folders <= named, f"folders missing from README's Source tree: {sorted(folders - named)}"
+    assert packages <= named, f"packages missing from docs/reference/source-tree.md: {sorted(packages - named)}"
+    assert folders <= named, f"folders missing from docs/reference/source-tree.md: {sorted(folders - named)}"
     assert all((ROOT / name).is_dir() for name in named), [n for n in named if not (ROOT / n).is_dir()]
+
+
+# --------------------------------------------------------------------------- the README and the site
+
+LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
+
+
+def test_the_readme_is_short_and_every_page_it_links_exists():
+    readme = ROOT / "README.md"
+    assert readme.stat().st_size <= 15 * 1024, f"README.md is {readme.stat().st_size} bytes: keep it <= 15 KB"
+    targets = [t for t, _ in LINK.findall(readme.read_text()) if "://" not in t]
+    assert len(targets) >= 25, targets  # the map of the docs: every page by purpose
+    missing = [t for t in targets if not (ROOT / t).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+    pages = {t for t in targets if t.startswith("docs/") and t.endswith(".md")}
+    every = {
+        p.relative_to(ROOT).as_posix() for p in DOCS.rglob("*.md") if "_build" not in p.parts and p.name != "index.md"
+    }
+    assert every <= pages, f"pages the README's map leaves out: {sorted(every - pages)}"
+
+
+def test_the_cli_page_states_the_exit_codes_the_code_returns():
+    from mpicd.run import signals, watchdog
+    from mpicd.run.runner import EXIT_BAD_INPUT
+
+    page = " ".join((DOCS / "reference" / "cli.md").read_text().split())
+    for code, meaning in (
+        (EXIT_BAD_INPUT, "bad input"),
+        (signals.EXIT_STOPPED, "stopped before Slurm's time limit"),
+        (watchdog.EXIT_TIMEOUT, "the round watchdog"),
+        (signals.EXIT_INTERRUPTED, "stopped on request"),
+    ):
+        assert f"{code} {meaning}" in page, (code, meaning)
+
+
+def test_the_site_builds_strictly(tmp_path):
+    """jobs/docs.sh as CI runs it: Sphinx with -W, so a warning, a broken link to a page, heading or file,
+    or a module autodoc cannot import fails; then every page of the docs and the README is in the site."""
+    import time
+
+    started = time.monotonic()
+    result = subprocess.run(
+        ["bash", "jobs/docs.sh", str(tmp_path / "html")], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
+    print(f"docs: built in {time.monotonic() - started:.1f} s")
+    for page in [*DOCS.rglob("*.md"), ROOT / "README.md", ROOT / "BENCHMARKS.md"]:
+        if "_build" in page.parts:
+            continue
+        html = tmp_path / "html" / page.relative_to(ROOT).with_suffix(".html")
+        assert html.is_file(), f"{page.relative_to(ROOT)} is not a page of the site"
+    cli = (tmp_path / "html" / "docs" / "reference" / "cli.html").read_text()
+    assert all(f"mpicd {name}" in cli for name in ("run", "check", "report", "verify", "pack")), "CLI page"
+    api = (tmp_path / "html" / "docs" / "reference" / "api.html").read_text()
+    documented = set(re.findall(r'id="module-(mpicd[\w.]*)"', api))
+    assert every_module() <= documented, f"modules the API reference leaves out: {sorted(every_module() - documented)}"
+    assert 'id="mpicd.algorithms.base.Payload"' in api, "the API page lost the algorithms' Payload"
+
+
+def every_module() -> set[str]:
+    """Every module of the package but a program's __main__ (importing it runs it)."""
+    found = set()
+    for path in (ROOT / "mpicd").rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        if parts[-1] != "__main__":
+            found.add(".".join(parts))
+    return found
+
+
+# --------------------------------------------------------------------------- the tutorial on your own images
+
+
+def test_the_own_images_tutorial_works_as_typed(tmp_path, capsys, monkeypatch):
+    """docs/tutorials/your-own-data.md carried out on real images: PNGs of PneumoniaMNIST's training split
+    in ~/xrays/normal and ~/xrays/pneumonia, the tutorial's first block run by bash as written, its config
+    written from the page, `mpicd check` and its run lines valid as typed."""
+    import numpy as np
+    from PIL import Image
+
+    if not PNEUMONIA.is_file():
+        pytest.skip(f"real data absent: {PNEUMONIA} (see ../shared/data/README.md)")
+    page = (DOCS / "tutorials" / "your-own-data.md").read_text()
+    home, work = tmp_path / "home", tmp_path / "work"
+    data = np.load(PNEUMONIA)
+    images, labels = data["train_images"], data["train_labels"].ravel()
+    for label, name in enumerate(("normal", "pneumonia")):
+        (home / "xrays" / name).mkdir(parents=True)
+        for i in np.flatnonzero(labels == label)[:200]:
+            Image.fromarray(images[i]).save(home / "xrays" / name / f"{i:05d}.png")
+    work.mkdir()
+    (work / "jobs").symlink_to(ROOT / "jobs")
+    (work / ".venv").symlink_to(ROOT / ".venv")
+    layout, *runs = sh_blocks("docs/tutorials/your-own-data.md")
+    script = "set -euo pipefail\n" + "\n".join(layout)
+    done = subprocess.run(
+        ["bash", "-c", script],
+        cwd=work,
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and "normal" in done.stdout, done.stderr
+    assert len(list((work / "data/xrays/pneumonia/images").glob("*.png"))) == 200
+    name, body = re.search(r"<!-- example file: (\S+) -->\n```yaml\n(.*?)```", page, flags=re.S).groups()
+    (work / name).write_text(body)
+    monkeypatch.chdir(work)
+    assert sum(check_typed(block, capsys, work) for block in runs) >= 2
+    import yaml
+
+    from mpicd.cli import main
+
+    capsys.readouterr()
+    assert main(["check", name]) == 0
+    shown = capsys.readouterr().out
+    assert yaml.safe_load(shown.split("\nmodel:", 1)[0] + "\n")["data"]["classes"] == ["normal", "pneumonia"]

@@ -95,7 +95,7 @@ def test_check_rejects_bad_input_with_exit_2():
     assert result.returncode == 2 and "no/such/config.yaml" in result.stderr
 
 
-def test_readme_quickstart_command_end_to_end():
+def test_the_quickstart_command_end_to_end():
     started = time.monotonic()
     result = subprocess.run(
         ["bash", "jobs/quickstart.sh", "--out", "results/test-quickstart.h5", "--overwrite"],
