@@ -13,6 +13,7 @@ from mpicd.config.sections import Config, to_mapping
 from mpicd.config.text import config_tables
 
 from conftest import PNEUMONIA, ROOT
+from guide_example import apply_edits, copy_of_the_package, write_example_files
 
 DOCS = ROOT / "docs"
 BEGIN, END = "<!-- mpicd config --markdown: begin -->", "<!-- mpicd config --markdown: end -->"
@@ -193,37 +194,19 @@ GUIDE_EDITS = {  # what each guide tells the reader to change in existing files:
         ),
     ],
 }
-GUIDE_FILE = re.compile(r"<!-- example file: (\S+) -->\n```python\n(.*?)```", flags=re.S)
 
 
 def test_the_guides_worked_examples_work_in_a_copy_of_the_package(tmp_path):
     """Both guides carried out as written, in a copy of mpicd: their new files, their edits (each shown
     in the guide), `mpicd check` with the new format and the new algorithm, and the examples' tests
     (all but the one that starts mpiexec)."""
-    import shutil
-
-    copy = tmp_path / "copy"
-    shutil.copytree(ROOT / "mpicd", copy / "mpicd", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "configs", copy / "configs")
-    (copy / "tests").mkdir()
-    shutil.copy(ROOT / "tests" / "conftest.py", copy / "tests")
-    shutil.copy(ROOT / "pyproject.toml", copy)
+    copy = copy_of_the_package(tmp_path)
     tests = []
     for guide, edits in GUIDE_EDITS.items():
-        text = (ROOT / guide).read_text()
-        files = GUIDE_FILE.findall(text)
+        files = write_example_files(guide, copy)
         assert len(files) == 2, guide  # the module and its test
-        for path, body in files:
-            assert not (copy / path).exists(), f"{guide}: {path} already exists: the example is in the package"
-            (copy / path).parent.mkdir(parents=True, exist_ok=True)
-            (copy / path).write_text(body)
-            tests += [path] if path.startswith("tests/") else []
-        for path, old, new in edits:
-            for line in set(new.splitlines()) - set(old.splitlines()):
-                assert line in text, f"{guide} does not show the edit {line.strip()!r}"
-            source = (copy / path).read_text()
-            assert source.count(old) == 1, f"{guide}: {path} no longer has {old.strip()!r}: update the guide"
-            (copy / path).write_text(source.replace(old, new))
+        tests += [path for path in files if path.startswith("tests/")]
+        apply_edits(guide, copy, edits)
     rows = [f"{i % 7},{(i * 3) % 11},{i % 5},{'sick' if i % 3 == 0 else 'well'}" for i in range(300)]
     (copy / "cases.csv").write_text("\n".join(["f1,f2,f3,label", *rows]) + "\n")
     checks = (

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 from conftest import ROOT
+from guide_example import apply_edits, write_example_files
 
 GUIDE = "docs/how-to/add-a-launcher.md"
 EDITS = [  # what the guide tells the reader to change in existing files: (file, old, new)
@@ -49,7 +50,6 @@ EDITS = [  # what the guide tells the reader to change in existing files: (file,
         r"""        if re.search(r"(^|[\s(\"'])(mpirun|mpiexec|srun|flux run)\s+(-n|--ntasks)\b", code):""" "\n",
     ),
 ]
-GUIDE_FILE = re.compile(r"<!-- example file: (\S+) -->\n```python\n(.*?)```", flags=re.S)
 
 # What launch.py must build once the guide is carried out: written out by hand, as the user would type it.
 EXPECTED = {
@@ -121,18 +121,8 @@ def run(command, cwd, env, timeout=120):
 
 def test_the_guides_flux_launcher_builds_its_command_lines_in_a_copy_of_the_package(tmp_path):
     copy = copy_of_the_tree(tmp_path)
-    text = (ROOT / GUIDE).read_text()
-    files = GUIDE_FILE.findall(text)
-    assert [path for path, _ in files] == ["tests/mpi/test_launch_flux.py"], GUIDE
-    for path, body in files:
-        assert not (copy / path).exists(), f"{GUIDE}: {path} already exists: the example is in the package"
-        (copy / path).write_text(body)
-    for path, old, new in EDITS:
-        for line in set(new.splitlines()) - set(old.splitlines()):
-            assert line in text, f"{GUIDE} does not show the edit {line.strip()!r}"
-        source = (copy / path).read_text()
-        assert source.count(old) == 1, f"{GUIDE}: {path} no longer has {old.strip()!r}: update the guide"
-        (copy / path).write_text(source.replace(old, new))
+    assert write_example_files(GUIDE, copy) == ["tests/mpi/test_launch_flux.py"], GUIDE
+    apply_edits(GUIDE, copy, EDITS)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MPICD_", "SLURM_", "FLUX_"))}
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONDONTWRITEBYTECODE="1")
 

@@ -2,16 +2,15 @@
 of the package, so the guide fails CI when the code it edits moves or the example stops working."""
 
 import re
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 
 from conftest import ROOT
+from guide_example import apply_edits, copy_of_the_package, write_example_files
 
 GUIDE = "docs/how-to/add-a-model.md"
-GUIDE_FILE = re.compile(r"<!-- example file: (\S+) -->\n```python\n(.*?)```", flags=re.S)
 GUIDE_INSERT = re.compile(r"<!-- example insert: (\S+) -->\n```python\n(.*?)```", flags=re.S)
 INSERT_BEFORE = "\n\ndef build_model(\n"  # the guide: the new function goes above build_model
 EDITS = [  # what the guide tells the reader to change in existing files: (file, old, new)
@@ -65,19 +64,9 @@ def test_the_add_a_model_guides_worked_example_works_in_a_copy_of_the_package(tm
     (each shown in the guide), `mpicd config` and `mpicd check` with the new model (accepted on images,
     refused on the breast-cancer table), and the example's test (all but the one that starts mpiexec)."""
     text = (ROOT / GUIDE).read_text()
-    copy = tmp_path / "copy"
-    shutil.copytree(ROOT / "mpicd", copy / "mpicd", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "configs", copy / "configs")
-    (copy / "tests").mkdir()
-    shutil.copy(ROOT / "tests" / "conftest.py", copy / "tests")
-    shutil.copy(ROOT / "pyproject.toml", copy)
-
-    files = GUIDE_FILE.findall(text)
-    assert [path for path, _ in files] == ["tests/models/test_smallcnn.py"], files
-    for path, body in files:
-        assert not (copy / path).exists(), f"{GUIDE}: {path} already exists: the example is in the package"
-        (copy / path).parent.mkdir(parents=True, exist_ok=True)
-        (copy / path).write_text(body)
+    copy = copy_of_the_package(tmp_path)
+    files = write_example_files(GUIDE, copy)
+    assert files == ["tests/models/test_smallcnn.py"], files
     inserts = GUIDE_INSERT.findall(text)
     assert [path for path, _ in inserts] == ["mpicd/models/networks.py"], inserts
     for path, body in inserts:
@@ -85,12 +74,7 @@ def test_the_add_a_model_guides_worked_example_works_in_a_copy_of_the_package(tm
         assert "def smallcnn(" not in source, f"{GUIDE}: {path} already defines smallcnn"
         assert source.count(INSERT_BEFORE) == 1, f"{GUIDE}: {path} no longer has {INSERT_BEFORE.strip()!r}"
         (copy / path).write_text(source.replace(INSERT_BEFORE, f"\n\n{body.rstrip()}\n{INSERT_BEFORE}"))
-    for path, old, new in EDITS:
-        for line in set(new.splitlines()) - set(old.splitlines()):
-            assert line in text, f"{GUIDE} does not show the edit {line.strip()!r}"
-        source = (copy / path).read_text()
-        assert source.count(old) == 1, f"{GUIDE}: {path} no longer has {old.strip()!r}: update the guide"
-        (copy / path).write_text(source.replace(old, new))
+    apply_edits(GUIDE, copy, EDITS)
     # configs/pneumoniamnist.yaml reads ../shared/data/pneumoniamnist.npz from the folder one stands in
     write_pneumonia_like(tmp_path / "shared" / "data" / "pneumoniamnist.npz")
 

@@ -3,7 +3,6 @@ edits (each shown in the guide, each old snippet still in the code), its example
 two-rank run whose /metrics/train_samples must be what the run's own partition says, `mpicd
 verify` on that file, and an older file (without the dataset) read, and refused by --resume."""
 
-import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +12,8 @@ import numpy as np
 
 from mpicd.mpi import launch
 
-from conftest import ROOT, mpi_env
+from conftest import mpi_env
+from guide_example import apply_edits, copy_of_the_package, write_example_files
 
 GUIDE = "docs/how-to/add-a-results-field.md"
 EDITS = [  # what the guide tells the reader to change in existing files: (file, old, new)
@@ -46,7 +46,6 @@ EDITS = [  # what the guide tells the reader to change in existing files: (file,
         '               "its epochs stopped at a non-finite loss."),\n',
     ),
 ]
-GUIDE_FILE = re.compile(r"<!-- example file: (\S+) -->\n```python\n(.*?)```", flags=re.S)
 LOCAL_EPOCHS = 2
 
 
@@ -56,27 +55,12 @@ def run(command, cwd, timeout=120):
 
 
 def test_the_guides_results_field_is_written_verified_and_older_files_are_refused(tmp_path):
-    copy = tmp_path / "copy"
-    shutil.copytree(ROOT / "mpicd", copy / "mpicd", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "configs", copy / "configs")
-    (copy / "tests").mkdir()
-    shutil.copy(ROOT / "tests" / "conftest.py", copy / "tests")
-    shutil.copy(ROOT / "pyproject.toml", copy)
-    text = (ROOT / GUIDE).read_text()
-    files = GUIDE_FILE.findall(text)
-    assert [path for path, _ in files] == ["tests/run/test_train_samples.py"], GUIDE
-    for path, body in files:
-        assert not (copy / path).exists(), f"{GUIDE}: {path} already exists: the example is in the package"
-        (copy / path).parent.mkdir(parents=True, exist_ok=True)
-        (copy / path).write_text(body)
-    for path, old, new in EDITS:
-        for line in set(new.splitlines()) - set(old.splitlines()):
-            assert line in text, f"{GUIDE} does not show the edit {line.strip()!r}"
-        source = (copy / path).read_text()
-        assert source.count(old) == 1, f"{GUIDE}: {path} no longer has {old.strip()!r}: update the guide"
-        (copy / path).write_text(source.replace(old, new))
+    copy = copy_of_the_package(tmp_path)
+    files = write_example_files(GUIDE, copy)
+    assert files == ["tests/run/test_train_samples.py"], GUIDE
+    apply_edits(GUIDE, copy, EDITS)
 
-    tested, why = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", files[0][0]], copy)
+    tested, why = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", files[0]], copy)
     assert tested.returncode == 0 and "2 passed" in tested.stdout, why  # the example's own test
 
     out = tmp_path / "r.h5"
