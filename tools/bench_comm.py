@@ -32,7 +32,7 @@ from mpicd.mpi import launch  # noqa: E402
 REAL_DATA = ROOT.parent / "shared" / "data" / "pneumoniamnist.npz"
 CONFIG = ROOT / "configs" / "pneumoniamnist.yaml"
 MODELS = ("lenet", "resnet18")
-ALGORITHMS = ("codistill", "local", "centralized", "fedavg", "fedproto", "feddistill", "fedamp")
+ALGORITHMS = ("codistill", "local", "centralized", "fedavg", "fedproto", "feddistill", "fedamp", "fedlc", "fedrs")
 # 20 + 8 images per client (skew 0.6): one batch, never a batch of one (BatchNorm needs two)
 OVERRIDES = ["rounds=1", "data.images_per_class=20", "device=cpu"]
 

@@ -8,7 +8,9 @@ from mpicd.algorithms.codistill import CoDistillation
 from mpicd.algorithms.fedamp import FedAMP
 from mpicd.algorithms.fedavg import FedAvg
 from mpicd.algorithms.feddistill import FedDistill
+from mpicd.algorithms.fedlc import FedLC
 from mpicd.algorithms.fedproto import FedProto
+from mpicd.algorithms.fedrs import FedRS
 from mpicd.algorithms.local import LocalOnly
 from mpicd.core.schema import ConfigError, from_mapping
 
@@ -19,6 +21,8 @@ REGISTRY: dict[str, type[Algorithm]] = {
     FedProto.name: FedProto,
     FedDistill.name: FedDistill,
     FedAMP.name: FedAMP,
+    FedLC.name: FedLC,
+    FedRS.name: FedRS,
     Centralized.name: Centralized,
 }
 

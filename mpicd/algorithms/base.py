@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from mpicd.core.schema import ConfigError
 from mpicd.models.networks import FeatureHeadModel, num_parameters
@@ -69,7 +70,7 @@ class Batch:
 
     x: torch.Tensor
     y: torch.Tensor
-    features: torch.Tensor
+    features: torch.Tensor | None  # None under DP-SGD (mpicd.run.client.Client.private_epochs)
     logits: torch.Tensor
 
 
@@ -239,8 +240,19 @@ class Algorithm:
         statistic never depends on the loss term being on."""
 
     def extra_loss(self, batch: Batch) -> torch.Tensor | None:
-        """A term added to the batch's cross-entropy, or None."""
+        """A term added to the batch's classification loss, or None."""
         return None
+
+    def classification_loss(
+        self, batch: Batch, weight: torch.Tensor | None = None, reduction: str = "mean"
+    ) -> torch.Tensor:
+        """The batch's classification term (``/metrics/train_ce``): the cross-entropy of its logits,
+        weighted by ``weight`` (``train.loss: balanced``). A method that changes the softmax the client
+        trains with (FedLC's calibrated logits, FedRS's restricted softmax) overrides it; it stays a
+        mean of per-sample terms, so DP-SGD can clip each sample's gradient. Under DP-SGD
+        ``batch.features`` is None (Opacus sees the model's output only): an override that reads it
+        must refuse privacy in :meth:`check_private`."""
+        return F.cross_entropy(batch.logits, batch.y, weight=weight, reduction=reduction)
 
     def after_epoch(self, round_index: int) -> None:
         """Exchange what the finished epoch produced (averaging, prototypes, logits); one client

@@ -46,8 +46,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--versus-metric",
         metavar="METRIC",
-        help="the score --versus compares: minority_acc (default), balanced_acc, test_acc, or one class's "
-        "recall by its name, e.g. recall:malignant",
+        help="the score --versus compares: minority_acc (default), balanced_acc, test_acc, personal_acc "
+        "(weighted by each client's own label distribution), or one class's recall by its name, e.g. recall:malignant",
     )
     p.add_argument(
         "--versus-only",

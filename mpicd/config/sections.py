@@ -167,6 +167,12 @@ class TrainConfig:
         doc="the cross-entropy term of every method; balanced: weighted by the inverse class frequency of "
         "the client's own training split, w_c = n / (C n_c), normalised by the batch's weight sum as torch does",
     )
+    sampler: Literal["shuffle", "balanced"] = spec(
+        "shuffle",
+        doc="the images of a local epoch: shuffle, each image once in a random order; balanced, n draws with "
+        "replacement with probability 1 / (K n_c) for an image of class c (K the classes the client holds): "
+        "every class it holds equally often; refused with DP-SGD (privacy with fedavg, fedamp)",
+    )
     eval_batch_size: int = spec(512, ge=1, doc="evaluation batch size (operational: memory and speed)")
 
 
@@ -182,7 +188,7 @@ class EvalConfig:
         False,
         doc="an audit, not a score: also evaluate every client on its own training images (centralized: the "
         "union) in the same rounds, into /metrics/train_acc, train_balanced_acc, train_minority_acc, "
-        "train_recall (NaN when false); changes nothing that is trained",
+        "train_personal_acc, train_recall (NaN when false); changes nothing that is trained",
     )
     shared_models: Literal["once", "per_client"] = spec(
         "once",
@@ -349,6 +355,7 @@ ADDED_LATER: dict[str, tuple[str | tuple[str, ...] | None, Any]] = {
     "algorithm.term_mean": ("codistill", "matching"),  # before: the mean over the matching samples
     "train.optimizer_state": (None, "keep"),  # before: one optimizer for the whole run
     "train.loss": (None, "ce"),  # before: plain cross-entropy
+    "train.sampler": (None, "shuffle"),  # before: every epoch a permutation of the client's images
     "data.label_map": (None, None),  # before: always the file's own labels (null: no mapping)
     "data.partition": (None, "expertise"),  # before: always expertise classes round-robin with skew
     "data.dirichlet_alpha": (None, None),  # before: no Dirichlet partition

@@ -1,4 +1,4 @@
-"""Held-out metrics of one client: per-class recall, minority-class, balanced and overall accuracy."""
+"""Held-out metrics of one client: per-class recall, minority-class, balanced, overall and personalised accuracy."""
 
 from __future__ import annotations
 
@@ -32,6 +32,31 @@ def minority_accuracy(recall: np.ndarray, expertise_class: int) -> float:
 
 def balanced_accuracy(recall: np.ndarray) -> float:
     return float(np.nanmean(recall))
+
+
+def personal_accuracy(recall: np.ndarray, distribution: np.ndarray) -> float:
+    """Personalised accuracy: the expected accuracy on a held-out sample drawn with the client's own
+    label distribution, sum_c p_c recall_c / sum_c p_c over the classes present in the split.
+
+    ``distribution``: the client's training images of each class (or their shares: only the ratios
+    count), p_c; ``recall``: per class on the split, NaN for a class the split lacks. A sample drawn
+    from the split with class shares p (each class's images uniformly) holds class c with probability
+    p_c and is right on it with probability recall_c, so its expected accuracy is exactly this sum;
+    a class absent from the split cannot be drawn, so p is renormalised over the classes present (a
+    class the client lacks, p_c = 0, weighs nothing). NaN when p is 0 on every class present.
+
+    Why the exact weighting rather than a drawn subsample: it is the subsample's expectation with
+    none of its sampling noise (no stream to seed, no variance between clients or seeds from the
+    draw), and it keeps scoring on the official test split, the same images for every client and
+    method. Personalised-FL benchmarks (PFLlib) instead carve 25% of each client's own data as its
+    test set, which mpicd cannot do without giving up the official split
+    (docs/explanation/two-scoring-protocols.md).
+    """
+    recall = np.asarray(recall, dtype=np.float64)
+    weights = np.asarray(distribution, dtype=np.float64)
+    present = ~np.isnan(recall)
+    total = weights[present].sum()
+    return float((weights[present] * recall[present]).sum() / total) if total > 0 else float("nan")
 
 
 def accuracy(labels: np.ndarray, predictions: np.ndarray) -> float:

@@ -8,10 +8,11 @@ once"). So an algorithm declares that its
 clients end a round with the same predictor (:attr:`mpicd.algorithms.Algorithm.shared_at_evaluation`),
 and the clients of a rank whose predictor tensors (:meth:`~mpicd.algorithms.Algorithm.predictor_tensors`)
 are also equal bit for bit are grouped: the first predicts, and each client's scores (per-class
-recall, accuracy, the minority accuracy of its own expertise class) come from those predictions, the
-same numbers as predicting for each. The bits are checked, not assumed: a declared algorithm whose
-clients differ in a round (every update dropped, a model changed by hand) is evaluated per client, and
-an undeclared (personalised) one always is.
+recall, accuracy, the minority accuracy of its own expertise class, the personalised accuracy of its
+own label distribution) come from those predictions, the same numbers as predicting for each.
+The bits are checked, not assumed: a declared algorithm whose clients differ in a round (every
+update dropped, a model changed by hand) is evaluated per client, and an undeclared (personalised)
+one always is.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Scores:
     acc: float
     balanced_acc: float
     minority_acc: float
+    personal_acc: float  # weighted by the client's own training label distribution (metrics.personal_accuracy)
 
 
 def predicted_labels(algorithm, x: torch.Tensor, batch_size: int) -> np.ndarray:
@@ -43,25 +45,31 @@ def predicted_labels(algorithm, x: torch.Tensor, batch_size: int) -> np.ndarray:
     return torch.cat(labels).cpu().numpy()
 
 
-def scores(labels: np.ndarray, predictions: np.ndarray, num_classes: int, expertise_class: int) -> Scores:
-    """One client's scores from predictions on a split; ``expertise_class`` decides its minority classes."""
+def scores(
+    labels: np.ndarray, predictions: np.ndarray, num_classes: int, expertise_class: int, distribution: np.ndarray
+) -> Scores:
+    """One client's scores from predictions on a split; ``expertise_class`` decides its minority classes,
+    ``distribution`` (its training images of each class) weighs its personalised accuracy."""
     recall = metrics.per_class_recall(labels, predictions, num_classes)
     return Scores(
         recall=recall,
         acc=metrics.accuracy(labels, predictions),
         balanced_acc=metrics.balanced_accuracy(recall),
         minority_acc=metrics.minority_accuracy(recall, expertise_class),
+        personal_acc=metrics.personal_accuracy(recall, distribution),
     )
 
 
-def for_expertise(scores: Scores, expertise_class: int) -> Scores:
+def for_expertise(scores: Scores, expertise_class: int, distribution: np.ndarray) -> Scores:
     """The scores of another client with the same predictions on the same split: recall, accuracy and
-    balanced accuracy are the same; the minority accuracy is of its own expertise class's complement."""
+    balanced accuracy are the same; the minority accuracy is of its own expertise class's complement,
+    the personalised accuracy weighted by its own label ``distribution``."""
     return Scores(
         recall=scores.recall.copy(),
         acc=scores.acc,
         balanced_acc=scores.balanced_acc,
         minority_acc=metrics.minority_accuracy(scores.recall, expertise_class),
+        personal_acc=metrics.personal_accuracy(scores.recall, distribution),
     )
 
 

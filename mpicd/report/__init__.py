@@ -16,6 +16,12 @@ Besides those scores every run has one per class, ``recall:<class name>`` (e.g. 
 the names of the file's attr ``class_names``): the mean over clients of that class's test recall
 (/metrics/recall), scored by the same rule, for ``--versus-metric``.
 
+``personal_acc`` is the personalised-FL protocol's score (/metrics/personal_acc: each client's test
+recalls weighted by its own training label distribution; docs/explanation/two-scoring-protocols.md),
+scored by the same rule; a file or ledger line written before it has it NaN (``–`` in the tables,
+empty in the CSV; no column where no run has it), and ``--versus-metric personal_acc`` refuses such
+a run, naming it.
+
 A runs ledger (``.jsonl``, :mod:`mpicd.report.ledger`) stands in for the results files it was
 written from: it holds each finished run's scores in the views last 10 rounds and best-validation
 round, so a report of those views needs no .h5 file.

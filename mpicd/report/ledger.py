@@ -24,7 +24,7 @@ import numpy as np
 
 from mpicd.config.sections import config_difference
 from mpicd.core import exclusive
-from mpicd.report.runs import SCORES, SPLITS, _planned, Cell, ReportError, RunSummary, summarize
+from mpicd.report.runs import ADDED_LATER, SCORES, SPLITS, _planned, Cell, ReportError, RunSummary, summarize
 from mpicd.results.reader import Results, ResultsFileError
 
 VIEWS = {"last10": (10, "last"), "best-val": (1, "best-val")}
@@ -218,8 +218,9 @@ def _problem(entry: Any) -> str | None:
                 and (v.get("selected_round") is None or isinstance(v.get("selected_round"), int))
             ):
                 return f"views.{split}.{view} must hold scores, single_class and selected_round"
-    if not all(isinstance(entry["curves"].get(m), list) for m in SCORES):
-        return f"curves must hold {', '.join(SCORES)}"
+    needed = [m for m in SCORES if m not in ADDED_LATER]  # a line older than personal_acc lacks it
+    if not all(isinstance(entry["curves"].get(m), list) for m in needed):
+        return f"curves must hold {', '.join(needed)}"
     return None
 
 
@@ -326,6 +327,7 @@ def summaries(ledger: str | Path, last: int = 10, select: str = "last", split: s
             )
         v = e["views"][split][view]
         try:
+            older = [None] * len(e["curves"]["minority_acc"])  # a line written before a score: NaN, as its file
             runs.append(
                 RunSummary(
                     where,
@@ -333,9 +335,11 @@ def summaries(ledger: str | Path, last: int = 10, select: str = "last", split: s
                     int(e["seed"]),
                     int(e["rounds"]),
                     int(e["planned_rounds"]),
-                    {k: _float(x) for k, x in v["scores"].items()},
+                    {**dict.fromkeys(ADDED_LATER, math.nan), **{k: _float(x) for k, x in v["scores"].items()}},
                     float(e["bytes_per_round"]),
-                    {m: np.array([_float(x) for x in e["curves"][m]]) for m in SCORES} if split == "test" else {},
+                    {m: np.array([_float(x) for x in e["curves"].get(m, older)]) for m in SCORES}
+                    if split == "test"
+                    else {},
                     dict(e["headline"]),
                     v["selected_round"],
                     tuple(v["single_class"]),

@@ -16,7 +16,11 @@ from mpicd.evaluation import degenerate
 from mpicd.results.reader import Results
 
 
-SCORES = ("minority_acc", "balanced_acc", "test_acc")
+SCORES = ("minority_acc", "balanced_acc", "test_acc", "personal_acc")
+
+ADDED_LATER = ("personal_acc",)
+"""Scores a file (or ledger line) written before them lacks: NaN there, never an error, except where
+a comparison is asked of them (``--versus-metric``)."""
 
 DEGENERATE = "degenerate (every client predicts one class: no verdict)"
 
@@ -24,7 +28,12 @@ DEGENERATE = "degenerate (every client predicts one class: no verdict)"
 # the paper's suspected scoring; an audit of memorisation, never a held-out score
 SPLITS = {
     "test": {m: m for m in SCORES},
-    "train": {"minority_acc": "train_minority_acc", "balanced_acc": "train_balanced_acc", "test_acc": "train_acc"},
+    "train": {
+        "minority_acc": "train_minority_acc",
+        "balanced_acc": "train_balanced_acc",
+        "test_acc": "train_acc",
+        "personal_acc": "train_personal_acc",
+    },
 }
 
 SELECT_METRIC = "val_minority_acc"
@@ -136,8 +145,9 @@ def _planned(res: Results) -> int:
 
 
 def check_metric(metric: str) -> None:
-    """A score's name: one of SCORES or ``recall:<class name>``; which classes exist is only known
-    per file (:func:`versus` names them)."""
+    """A score's name: one of SCORES (``personal_acc`` among them) or ``recall:<class name>``; which
+    classes exist, and whether a file is older than ``personal_acc``, is only known per file
+    (:func:`versus` names them)."""
     kind, colon, name = metric.partition(":")
     if metric in SCORES or (colon and kind == "recall" and name):
         return
@@ -160,11 +170,12 @@ def summarize(source: str | Path | Results, last: int = 1, select: str = "last",
     absent = [
         f"/metrics/{names.get(m, m)}"
         for m in (*SCORES, "bytes_sent", "bytes_recv")
-        if names.get(m, m) not in res.metrics
+        if names.get(m, m) not in res.metrics and m not in ADDED_LATER
     ]
     if absent:
         raise ReportError(f"{path}: no {', '.join(absent)}")
-    curves = {m: res.metrics[names[m]].mean(axis=1) for m in SCORES}
+    nothing = np.full(res.completed_rounds, np.nan)  # a score the file is older than
+    curves = {m: res.metrics[names[m]].mean(axis=1) if names[m] in res.metrics else nothing for m in SCORES}
     # evaluated rounds: every client has test metrics (eval.every leaves the others NaN)
     evaluated = np.flatnonzero(~np.isnan(res.metrics[names["minority_acc"]]).any(axis=1))
     if len(evaluated) == 0 and split == "train":

@@ -7,7 +7,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpicd.report.runs import DEGENERATE, MISSING, _label, Cell, check_metric, distinguishing, ReportError, RunSummary
+from mpicd.report.runs import (
+    ADDED_LATER,
+    DEGENERATE,
+    MISSING,
+    _label,
+    Cell,
+    check_metric,
+    distinguishing,
+    ReportError,
+    RunSummary,
+)
 
 
 def mean_sd(values: list[float]) -> str:
@@ -85,6 +95,11 @@ def versus(cells: dict[Cell, list[RunSummary]], reference: str, metric: str = "m
         raise ReportError(f"--versus {reference}: no runs of {reference} among the runs reported (methods: {methods})")
     check_metric(metric)
     for run in (r for runs in cells.values() for r in runs):
+        if metric in ADDED_LATER and math.isnan(run.scores.get(metric, math.nan)):
+            raise ReportError(
+                f"--versus-metric {metric}: {run.path} has no {metric} (written by an mpicd older than "
+                f"/metrics/{metric}: run it again, or compare another score)"
+            )
         if metric not in run.scores:  # a class name this file does not have
             known = ", ".join(run.class_names) if run.class_names else "none: the file has no /metrics/recall"
             raise ReportError(

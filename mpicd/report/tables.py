@@ -8,7 +8,18 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from mpicd.report.runs import HEADLINE, MISSING, SCORES, _label, _order, Cell, distinguishing, fmt, RunSummary
+from mpicd.report.runs import (
+    ADDED_LATER,
+    HEADLINE,
+    MISSING,
+    SCORES,
+    _label,
+    _order,
+    Cell,
+    distinguishing,
+    fmt,
+    RunSummary,
+)
 from mpicd.report.stats import _sd, mean_sd, versus
 
 
@@ -64,10 +75,19 @@ def skew_table(cells: dict[Cell, list[RunSummary]], metric: str = "minority_acc"
     return "\n\n".join(out)
 
 
+def shown_scores(cells: dict[Cell, list[RunSummary]]) -> tuple[str, ...]:
+    """The scores the cell table and CSV show: every score of SCORES but one added later
+    (``personal_acc``) that no run reported has, so that tables of older runs stay as they were."""
+    runs = [r for group in cells.values() for r in group]
+    return tuple(m for m in SCORES if m not in ADDED_LATER or any(not np.isnan(r.scores.get(m, np.nan)) for r in runs))
+
+
 def cell_rows(cells: dict[Cell, list[RunSummary]]) -> tuple[list[str], list[list[Any]]]:
     """Every cell as one row of raw values: method, dataset and images per class as the runs
-    resolved them, clients, skew, the other distinguishing keys, seeds, mean and sd of each score,
-    bytes per round per rank."""
+    resolved them, clients, skew, the other distinguishing keys, seeds, mean and sd of each score
+    shown (:func:`shown_scores`; None where a run lacks it: a file older than personal_acc), bytes
+    per round per rank."""
+    scores = shown_scores(cells)
     keys = ["clients", "data.skew", *(k for k in distinguishing(cells) if k not in ("clients", "data.skew"))]
     header = [
         "method",
@@ -76,14 +96,17 @@ def cell_rows(cells: dict[Cell, list[RunSummary]]) -> tuple[list[str], list[list
         *keys,
         "seeds",
         "seed_values",
-        *(f"{m}_{s}" for m in SCORES for s in ("mean", "sd")),
+        *(f"{m}_{s}" for m in scores for s in ("mean", "sd")),
         "bytes_per_round_rank",
     ]
     rows = []
     for cell, runs in cells.items():
         stats = []
-        for m in SCORES:
+        for m in scores:
             values = [r.scores[m] for r in runs]
+            if np.isnan(values).any():  # a run older than the score (personal_acc): no mean for the cell
+                stats += [None, None]
+                continue
             stats += [float(np.mean(values)), _sd(values) if len(values) > 1 else None]
         rows.append(
             [
@@ -105,7 +128,8 @@ def cell_table(cells: dict[Cell, list[RunSummary]]) -> str:
     keys = distinguishing(cells)
     # with several clients on a rank the second byte figure: what crossed MPI per rank
     packed = any(0 < r.ranks < r.clients for runs in cells.values() for r in runs)
-    header = ["method", *keys, "seeds", *SCORES, "bytes/round/rank"]
+    scores = shown_scores(cells)
+    header = ["method", *keys, "seeds", *scores, "bytes/round/rank"]
     header = [*header[:-1], "bytes/round/client", "MPI bytes/round/rank"] if packed else header
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for cell, runs in cells.items():
@@ -113,12 +137,17 @@ def cell_table(cells: dict[Cell, list[RunSummary]]) -> str:
             cell.method,
             *(fmt(cell.get(k)) for k in keys),
             str(len(runs)),
-            *(mean_sd([r.scores[m] for r in runs]) for m in SCORES),
+            *(_shown([r.scores[m] for r in runs]) for m in scores),
             f"{np.mean([r.bytes_per_round for r in runs]):,.0f}",
             *([f"{np.mean([r.mpi_bytes_per_round for r in runs]):,.0f}"] if packed else []),
         ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
+
+
+def _shown(values: list[float]) -> str:
+    """mean ± sd over seeds, or MISSING where a run lacks the score (a file older than personal_acc)."""
+    return MISSING if np.isnan(values).any() else mean_sd(values)
 
 
 def versus_table(cells: dict[Cell, list[RunSummary]], reference: str, metric: str = "minority_acc") -> str:

@@ -148,6 +148,12 @@ def _scores(split: str, prefix: str, num_classes: int) -> list[Column]:
             f"Minority accuracy (mean recall of the classes but the client's expertise class) {on}.",
         ),
         Column(
+            f"metrics/{prefix}personal_acc", "f8", (), _score(split, "personal_acc"), "1",
+            f"Personalised accuracy {on}: the expected accuracy of a sample drawn from it with the client's own "
+            f"training label distribution p, sum_c p_c {prefix}recall_c / sum_c p_c over the classes it holds "
+            "(p_c: /partition/train_counts of the client, its own partition also where it trains on the union).",
+        ),
+        Column(
             f"metrics/{prefix}recall", "f8", (num_classes,), _score(split, "recall", num_classes), "1",
             f"Recall of each class {on}.", ("class",),
         ),
@@ -176,7 +182,8 @@ def columns(num_classes: int, private: bool = False) -> list[Column]:
         Column("metrics/train_loss", "f8", (), lambda row: row.loss.total, "1",
                "The epoch's training loss, train_ce + train_extra (sample-weighted means over its batches)."),
         Column("metrics/train_ce", "f8", (), lambda row: row.loss.ce, "1",
-               "The epoch's sample-weighted mean cross-entropy."),
+               "The epoch's sample-weighted mean classification loss: the cross-entropy, or the method's own "
+               "(FedLC's calibrated logits, FedRS's restricted softmax)."),
         Column("metrics/train_extra", "f8", (), lambda row: row.loss.extra, "1",
                "The epoch's sample-weighted mean of the algorithm's extra loss term."),
         *test, *val, *train,

@@ -7,6 +7,9 @@ Checked, from the file alone:
   (``eval.every``, and the last) has finite held-out metrics for every client (validation ones too
   where there is a validation split) and a finite training loss unless its update was skipped;
   a round that was not evaluated holds NaN metrics;
+* personalised accuracy: each ``*personal_acc`` equals sum_c p_c recall_c / sum_c p_c recomputed
+  from the split's ``*recall`` and the client's ``/partition/train_counts`` (the classes with a
+  recall); a file older than it (no ``personal_acc``) is not checked, with a note;
 * nothing claimed past the end: rows after ``completed_rounds`` hold no data (the row right after
   it may hold a write that a crash interrupted before ``completed_rounds`` moved);
 * bytes: per round and rank, the totals equal the sums over kinds, and each kind equals the
@@ -35,9 +38,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-HELD_OUT = ("test_acc", "balanced_acc", "minority_acc")
-VALIDATION = ("val_acc", "val_balanced_acc", "val_minority_acc")
-TRAINING = ("train_acc", "train_balanced_acc", "train_minority_acc")  # eval.train_split: true only
+HELD_OUT = ("test_acc", "balanced_acc", "minority_acc", "personal_acc")
+VALIDATION = ("val_acc", "val_balanced_acc", "val_minority_acc", "val_personal_acc")
+TRAINING = ("train_acc", "train_balanced_acc", "train_minority_acc", "train_personal_acc")  # eval.train_split only
+ADDED_LATER = ("personal_acc", "val_personal_acc", "train_personal_acc")
+"""Scores a file written before them lacks (all of them together): not checked there, with a note."""
 
 
 @dataclass
@@ -122,6 +127,9 @@ def _metrics(verdict: Verdict, res, config: dict, rounds: int, done: int) -> Non
     every = int((config.get("eval") or {}).get("every", 1) or 1)
     evaluated = np.array([(r + 1) % every == 0 or r + 1 == rounds for r in range(done)], dtype=bool)
     names = HELD_OUT + (VALIDATION if res.attrs.get("val_split", "none") != "none" else ())
+    older = not any(name in res.metrics for name in ADDED_LATER)  # written before personal_acc existed
+    if older:
+        verdict.notes.append("no /metrics/personal_acc (an older mpicd): personalised accuracy not checked")
     if (config.get("eval") or {}).get("train_split") is True:
         names += TRAINING
     else:  # off (or a file older than the key): NaN wherever present
@@ -134,6 +142,8 @@ def _metrics(verdict: Verdict, res, config: dict, rounds: int, done: int) -> Non
                 )
     for name in names:
         values = res.metrics.get(name)
+        if values is None and older and name in ADDED_LATER:
+            continue
         if values is None:
             verdict.problems.append(f"/metrics/{name} is missing")
             continue
@@ -148,6 +158,7 @@ def _metrics(verdict: Verdict, res, config: dict, rounds: int, done: int) -> Non
             verdict.problems.append(
                 f"/metrics/{name} holds values in rounds not evaluated: {_rounds_text(np.nonzero(stray)[0])}"
             )
+    _personal(verdict, res)
     loss, skipped = res.metrics.get("train_loss"), res.metrics.get("skipped")
     if loss is not None:
         kept = np.ones_like(loss, dtype=bool) if skipped is None else skipped == 0
@@ -156,6 +167,28 @@ def _metrics(verdict: Verdict, res, config: dict, rounds: int, done: int) -> Non
         bad = (kept & ~np.isfinite(loss)).any(axis=1)
         if bad.any():
             verdict.problems.append(f"/metrics/train_loss is not finite in rounds {_rounds_text(np.nonzero(bad)[0])}")
+
+
+def _personal(verdict: Verdict, res) -> None:
+    """Each split's personalised accuracy against sum_c p_c recall_c / sum_c p_c, recomputed from its
+    per-class recall and the clients' /partition/train_counts (mpicd.evaluation.metrics.personal_accuracy);
+    NaN exactly where the recomputation is (rounds not evaluated, no class with a recall and a weight)."""
+    counts = res.partition.get("train_counts")
+    for prefix in ("", "val_", "train_"):
+        values, recall = res.metrics.get(f"{prefix}personal_acc"), res.metrics.get(f"{prefix}recall")
+        if values is None or recall is None or counts is None or recall.shape[1:] != counts.shape:
+            continue
+        p = np.broadcast_to(counts.astype(np.float64), recall.shape)
+        present = ~np.isnan(recall)
+        total = np.where(present, p, 0.0).sum(axis=2)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            expected = np.where(total > 0, np.where(present, p * recall, 0.0).sum(axis=2) / total, np.nan)
+        same = np.isclose(values, expected, rtol=1e-12, atol=1e-12) | (np.isnan(values) & np.isnan(expected))
+        if not same.all():
+            verdict.problems.append(
+                f"/metrics/{prefix}personal_acc is not sum_c p_c {prefix}recall_c / sum_c p_c (p: "
+                f"/partition/train_counts) in rounds {_rounds_text(np.nonzero(~same.all(axis=1))[0])}"
+            )
 
 
 def _past_the_end(verdict: Verdict, path, done: int) -> None:

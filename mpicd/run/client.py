@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from mpicd.evaluation import diagnostics
 from mpicd.evaluation import predictors as evaluation
@@ -24,6 +23,7 @@ from mpicd.evaluation.predictors import Scores
 from mpicd.models import optim
 from mpicd.models.networks import build_model
 from mpicd.privacy.budget import Budget
+from mpicd.run import sampling
 from mpicd.run.plan import Plan
 
 
@@ -165,17 +165,18 @@ class Client:
             self.optimizer.reset()  # a fresh optimizer for this round's local training
         total_ce, total_extra, seen = 0.0, 0.0, 0
         shares = self._grad_share = diagnostics.GradShare(model.parameters()) if self.diagnose else None
+        labels = self.train_y.cpu().numpy() if cfg.train.sampler == "balanced" else None  # what it draws by
         for epoch in range(cfg.train.local_epochs):
+            stream = seeds.rng(cfg.seed, seeds.SHUFFLE, self.index, round_index, epoch)
             order = torch.from_numpy(  # on the data's device once per epoch: no host copy per batch
-                seeds.rng(cfg.seed, seeds.SHUFFLE, self.index, round_index, epoch).permutation(len(self.train_y))
+                sampling.epoch_order(len(self.train_y), cfg.train.sampler, stream, labels)
             ).to(self.device)
             for b, (start, stop) in enumerate(batch_bounds(len(order), cfg.train.batch_size)):
                 index = order[start:stop]
                 x, y = self.train_x[index], self.train_y[index]
                 features = model.features(x)
-                logits = model.head(features)
-                ce = F.cross_entropy(logits, y, weight=self.class_weights)
-                batch = Batch(x, y, features, logits)
+                batch = Batch(x, y, features, model.head(features))
+                ce = algorithm.classification_loss(batch, self.class_weights)
                 algorithm.observe_batch(batch)  # always, whatever the loss term: the statistics it exchanges
                 extra = algorithm.extra_loss(batch)
                 loss = ce if extra is None else ce + extra
@@ -229,13 +230,17 @@ class Client:
                 extra += float(term.detach()) * batch_size
 
         private.optimizer.step_hook = parameter_term
+
+        def classification(logits, y, reduction="mean"):  # the algorithm's term of the model's output
+            return self.algorithm.classification_loss(Batch(None, y, None, logits), None, reduction)
+
         try:
             private.module.train()
             for _ in range(cfg.train.local_epochs):
                 for x, y in private.batches():
                     batch_size = len(y)
                     private.optimizer.zero_grad(set_to_none=True)
-                    loss = dpsgd.batch_loss(private.module, x, y)
+                    loss = dpsgd.batch_loss(private.module, x, y, classification)
                     if not math.isfinite(float(loss.detach())):
                         raise NonFiniteLoss(f"the training loss is {float(loss.detach())} (DP-SGD step)")
                     dpsgd.backward(loss)
@@ -298,7 +303,15 @@ class Client:
 
     def scores(self, split: str, predictions: np.ndarray) -> Scores:
         """This client's scores from predictions on the split (its own or a client's with the same model)."""
-        return evaluation.scores(self.split(split)[1], predictions, self.plan.dataset.num_classes, self.expertise_class)
+        return evaluation.scores(
+            self.split(split)[1], predictions, self.plan.dataset.num_classes, self.expertise_class, self.distribution
+        )
+
+    @property
+    def distribution(self) -> np.ndarray:
+        """This client's training images of each class (its partition's, also for an algorithm that
+        trains on the union): the label distribution its personalised accuracy is weighted by."""
+        return self.plan.partition.train_counts[self.index]
 
 
 def evaluate_clients(clients: list[Client], splits: tuple[str, ...], once: bool = True):
@@ -317,9 +330,11 @@ def evaluate_clients(clients: list[Client], splits: tuple[str, ...], once: bool 
             start = time.perf_counter()
             first = clients[group[0]].scores(split, clients[group[0]].predictions(split))
             share = (time.perf_counter() - start) / len(group)
-            for i in group:  # the same predictions and labels: only the minority classes differ
+            for i in group:  # the same predictions and labels: only the minority classes and the weights differ
                 start = time.perf_counter()
-                found[clients[i].index][split] = evaluation.for_expertise(first, clients[i].expertise_class)
+                found[clients[i].index][split] = evaluation.for_expertise(
+                    first, clients[i].expertise_class, clients[i].distribution
+                )
                 seconds[clients[i].index] += share + time.perf_counter() - start
         for i in group[1:]:
             clients[i].model.eval()  # in the mode its own evaluation would have left it

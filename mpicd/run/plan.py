@@ -110,6 +110,9 @@ def check_dpsgd(config: Config) -> None:
         "privacy.sample_rate": (config.privacy.sample_rate != 1.0, "must stay 1 for DP-SGD: batches are Poisson-"
                                 "sampled at q = 1 / ceil(n / train.batch_size)"),
         "train.loss": (config.train.loss != "ce", "must be ce for DP-SGD (a weighted mean is not per sample)"),
+        "train.sampler": (config.train.sampler != "shuffle", "must be shuffle for DP-SGD: its accountant charges "
+                          "Poisson batches that take every image at one rate q, and balanced draws take a "
+                          "minority image more often, at a rate set by the private class sizes"),
         "train.optimizer_state": (config.train.optimizer_state != "keep", "must be keep for DP-SGD"),
         "model.name": (config.model.name == "resnet18", "resnet18's BatchNorm mixes samples: DP-SGD needs "
                        "lenet, fedavgcnn or mlp"),

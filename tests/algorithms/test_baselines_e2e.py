@@ -22,7 +22,7 @@ from mpicd.run.plan import prepare
 from conftest import QUICKSTART, require_pneumonia
 from drivers.driver_settings import RUN_ROUNDS
 
-ALGORITHMS = ("codistill", "local", "fedavg", "fedproto", "feddistill", "fedamp", "centralized")
+ALGORITHMS = ("codistill", "local", "fedavg", "fedproto", "feddistill", "fedamp", "centralized", "fedlc", "fedrs")
 
 
 def expected_bytes(name: str, res: Results) -> tuple[str | None, int, int]:
@@ -30,6 +30,8 @@ def expected_bytes(name: str, res: Results) -> tuple[str | None, int, int]:
     p, d, c, n = (int(res.attrs[k]) for k in ("num_parameters", "feature_dim", "num_classes", "clients"))
     return {
         "fedavg": ("allreduce", 4 * (p + 1), 4 * (p + 1)),
+        "fedlc": ("allreduce", 4 * (p + 1), 4 * (p + 1)),
+        "fedrs": ("allreduce", 4 * (p + 1), 4 * (p + 1)),
         "fedproto": ("allreduce", 4 * c * (d + 1), 4 * c * (d + 1)),
         "feddistill": ("allreduce", 4 * c * (c + 1), 4 * c * (c + 1)),
         "fedamp": ("allgather", 4 * p, 4 * n * p),
@@ -50,7 +52,7 @@ def check_bytes(name: str, res: Results, ranks: int) -> None:
             assert (res.bytes_sent_by_kind[:, :, k] == sent).all() and (res.bytes_recv_by_kind[:, :, k] == recv).all()
 
 
-BASELINES = ("fedavg", "fedproto", "feddistill", "fedamp", "local", "centralized")
+BASELINES = ("fedavg", "fedproto", "feddistill", "fedamp", "local", "centralized", "fedlc", "fedrs")
 
 
 @pytest.mark.parametrize("name", BASELINES)
@@ -89,6 +91,34 @@ def test_every_algorithm_runs_end_to_end(baselines, dataset):
             values = res.metrics[metric]
             assert values.shape == (RUN_ROUNDS, ranks) and np.isfinite(values).all(), (name, metric)
         assert ((res.metrics["test_acc"] >= 0) & (res.metrics["test_acc"] <= 1)).all()
+
+
+SCORED = ("train_loss", "train_ce", "test_acc", "balanced_acc", "minority_acc", "recall", "val_minority_acc")
+
+
+@pytest.mark.parametrize("name, neutral", [("fedlc", "tau0"), ("fedrs", "alpha1"), ("fedrs", "hard")])
+def test_the_neutral_setting_is_fedavg_bit_for_bit_and_the_default_is_not(baselines, name, neutral):
+    """tau = 0 (FedLC) and alpha = 1 (FedRS) leave the softmax as it is, and so does FedRS's hard
+    restriction where every client holds every class (the quick start's expertise partition): the
+    same scores and losses as FedAvg's, bit for bit; the defaults train something else."""
+    _, out = baselines
+    fedavg = Results(out / "fedavg_quick.h5")
+    same, default = Results(out / f"{name}_{neutral}_quick.h5"), Results(out / f"{name}_quick.h5")
+    for metric in SCORED:
+        assert np.array_equal(same.metrics[metric], fedavg.metrics[metric], equal_nan=True), (name, metric)
+    assert not np.array_equal(default.metrics["train_ce"], fedavg.metrics["train_ce"]), name
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_balanced_sampling_runs_with_every_method_and_changes_only_the_training(baselines, name):
+    ranks, out = baselines
+    shuffled, balanced = Results(out / f"{name}_quick.h5"), Results(out / f"{name}_balanced_quick.h5")
+    assert balanced.config["train"]["sampler"] == "balanced" and balanced.completed_rounds == RUN_ROUNDS
+    assert np.isfinite(balanced.metrics["train_loss"]).all() and np.isfinite(balanced.metrics["minority_acc"]).all()
+    assert not np.array_equal(balanced.metrics["train_loss"], shuffled.metrics["train_loss"]), name
+    # the same protocol: the same bytes of the same kinds in every round
+    assert np.array_equal(balanced.bytes_sent_by_kind, shuffled.bytes_sent_by_kind), name
+    assert np.array_equal(balanced.bytes_recv_by_kind, shuffled.bytes_recv_by_kind), name
 
 
 def test_resolved_hyper_parameters_are_in_the_results_file(baselines):

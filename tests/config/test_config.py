@@ -141,7 +141,7 @@ def test_unknown_key_messages_list_the_keys_allowed_there():
         load_config(QUICKSTART, ["train.learning_rate=0.1"])
     assert str(err.value).endswith(
         "(known keys here: batch_size, eval_batch_size, local_epochs, loss, lr, momentum, optimizer, "
-        "optimizer_state, weight_decay)"
+        "optimizer_state, sampler, weight_decay)"
     )
 
     @dataclass

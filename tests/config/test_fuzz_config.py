@@ -81,6 +81,7 @@ KEYS = {
     "train.local_epochs": Key("int", 1),
     "train.eval_batch_size": Key("int", 1),
     "train.optimizer_state": Key("choice", choices=("keep", "reset")),
+    "train.sampler": Key("choice", choices=("shuffle", "balanced")),
     "train.loss": Key("choice", choices=("ce", "balanced")),
     "eval.every": Key("int", 1),
     "eval.train_split": Key("bool"),

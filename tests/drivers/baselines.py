@@ -13,7 +13,8 @@ each on a small box, instead of one per check). argv: OUT_DIR [PNEUMONIA_NPZ or 
 2. ``identical``: FedAvg with every rank holding rank 0's data and shuffle order, next to a
    single-process local run on the same data: ``OUT/identical_rank<r>.npz``.
 3. ``runs``: ``mpicd run`` (the real CLI entry point, in this process) for every algorithm on
-   the quick-start data and, if given, PneumoniaMNIST: ``OUT/<name>.h5``.
+   the quick-start data (also with ``train.sampler: balanced``) and, if given, PneumoniaMNIST:
+   ``OUT/<name>.h5``.
 """
 
 import sys
@@ -140,6 +141,11 @@ def runs() -> None:
     plans["fedproto_nearest_quick"] = (QUICKSTART, ["algorithm={name: fedproto, predict: nearest_prototype}"])
     plans["fedproto_equal_quick"] = (QUICKSTART, ["algorithm={name: fedproto, weighting: equal}"])
     plans["feddistill_include_quick"] = (QUICKSTART, ["algorithm={name: feddistill, exclude_self: false}"])
+    plans["fedlc_tau0_quick"] = (QUICKSTART, ["algorithm={name: fedlc, tau: 0}"])  # FedAvg, bit for bit
+    plans["fedrs_alpha1_quick"] = (QUICKSTART, ["algorithm={name: fedrs, alpha: 1}"])  # FedAvg, bit for bit
+    plans["fedrs_hard_quick"] = (QUICKSTART, ["algorithm={name: fedrs, restriction: hard}"])  # no class lacking
+    for name in REGISTRY:  # train.sampler: balanced with every method
+        plans[f"{name}_balanced_quick"] = (QUICKSTART, [f"algorithm={{name: {name}}}", "train.sampler=balanced"])
     if pneumonia:
         for name in REGISTRY:
             plans[f"{name}_pneumonia"] = (

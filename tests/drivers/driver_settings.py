@@ -33,4 +33,6 @@ PAYLOAD_VARIANTS = {
     "fedamp_ring": {"name": "fedamp", "exchange": "ring"},
     "fedavg_exact": {"name": "fedavg", "reduction": "exact"},
     "fedproto_exact": {"name": "fedproto", "reduction": "exact"},
+    "fedlc": {"name": "fedlc"},
+    "fedrs": {"name": "fedrs"},
 }

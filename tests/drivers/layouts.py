@@ -10,9 +10,9 @@ from mpicd.cli import main
 
 # Every registered algorithm, co-distillation's Allgather variant (the default sends p2p), and
 # three with half the clients taking part in each round.
-# The three that sum their clients' contributions with reduction: exact (the same bits on every
+# Those that sum their clients' contributions with reduction: exact (the same bits on every
 # layout), and FedAvg also with today's float32 Allreduce (reduction: mpi).
-SUMMING = ("fedavg", "fedproto", "feddistill")
+SUMMING = ("fedavg", "fedproto", "feddistill", "fedlc", "fedrs")
 VARIANTS = {
     name: [f"algorithm={{name: {name}" + (", reduction: exact}" if name in SUMMING else "}")] for name in REGISTRY
 }

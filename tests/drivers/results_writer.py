@@ -34,8 +34,16 @@ with abort_on_exception(comm.mpi), warnings.catch_warnings(record=True) as caugh
         )
         for r in range(2):  # two of three rounds: the third must read as not completed
             traffic = Traffic(dict(zip(KINDS, (100 * rank + r, 0, 0, 0))), dict(zip(KINDS, (0, 8, 0, 0))), 0.5)
-            test = Scores(recall=np.array([r, rank], float), acc=0.5, balanced_acc=0.25, minority_acc=rank / 10)
-            val = Scores(recall=np.array([rank, r], float), acc=0.75, balanced_acc=0.5, minority_acc=rank / 100)
+            test = Scores(
+                recall=np.array([r, rank], float), acc=0.5, balanced_acc=0.25, minority_acc=rank / 10, personal_acc=r
+            )
+            val = Scores(
+                recall=np.array([rank, r], float),
+                acc=0.75,
+                balanced_acc=0.5,
+                minority_acc=rank / 100,
+                personal_acc=rank / 1000,
+            )
             loss = EpochLoss(total=rank + r / 10, ce=rank + r / 4, extra=0.25)
             writer.write_round(
                 r,

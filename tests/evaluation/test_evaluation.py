@@ -40,23 +40,30 @@ def trained_alike(clients: list[Client]) -> None:
         c.model.load_state_dict(clients[0].model.state_dict())
 
 
-def by_hand(model: torch.nn.Module, x: torch.Tensor, y: np.ndarray, expertise: int, classes: int) -> dict:
-    """The scores of one model from its logits: recall of class c = share of c's images predicted c."""
+def by_hand(model: torch.nn.Module, x: torch.Tensor, y: np.ndarray, expertise: int, classes: int, counts=None) -> dict:
+    """The scores of one model from its logits: recall of class c = share of c's images predicted c;
+    with the client's training ``counts`` of each class, its personalised accuracy: the recalls
+    weighted by them (every class is in the split here)."""
     model.eval()
     with torch.no_grad():
         predicted = model(x).argmax(dim=1).numpy()
     recall = np.array([np.mean(predicted[y == c] == c) for c in range(classes)])
-    return {
+    found = {
         "recall": recall,
         "acc": float(np.mean(predicted == y)),
         "minority_acc": float(np.mean([recall[c] for c in range(classes) if c != expertise])),
     }
+    if counts is not None:
+        found["personal_acc"] = sum(float(counts[c]) * recall[c] for c in range(classes)) / float(sum(counts))
+    return found
 
 
 def assert_scores(found: evaluation.Scores, expected: dict) -> None:
     np.testing.assert_array_equal(found.recall, expected["recall"])
     assert found.acc == pytest.approx(expected["acc"], abs=1e-12)
     assert found.minority_acc == pytest.approx(expected["minority_acc"], abs=1e-12)
+    if "personal_acc" in expected:
+        assert found.personal_acc == pytest.approx(expected["personal_acc"], abs=1e-12)
 
 
 def counting(clients: list[Client]) -> list[int]:
@@ -83,9 +90,41 @@ def test_the_same_global_model_is_evaluated_once_and_scored_for_each_client():
     assert sorted(seconds) == [0, 1, 2, 3] and all(s > 0 for s in seconds.values())
     expertise = [int(c.expertise_class) for c in clients]
     assert expertise == [0, 1, 0, 1]  # round robin: the same predictions give two minority scores
+    counts = clients[0].plan.partition.train_counts
     for c in clients:
-        assert_scores(found[c.index]["test"], by_hand(clients[0].model, x, y, c.expertise_class, 2))
+        expected = by_hand(clients[0].model, x, y, c.expertise_class, 2, counts[c.index])
+        assert_scores(found[c.index]["test"], expected)
     assert found[0]["test"].minority_acc != found[1]["test"].minority_acc
+
+
+def test_clients_sharing_predictions_get_the_personal_accuracy_of_their_own_distribution():
+    """One forward pass for the rank, but each client's personalised accuracy weighs the shared
+    recalls by its own training label distribution (expertise 0 against expertise 1)."""
+    clients = rank_of("fedavg")
+    trained_alike(clients)
+    found, _ = evaluate_clients(clients, ("test",))
+    counts = clients[0].plan.partition.train_counts
+    assert counts[0].argmax() == 0 and counts[1].argmax() == 1  # opposite majorities
+    recall = found[0]["test"].recall
+    np.testing.assert_array_equal(found[1]["test"].recall, recall)  # the same predictions
+    for c in (0, 1):
+        own = (counts[c][0] * recall[0] + counts[c][1] * recall[1]) / (counts[c][0] + counts[c][1])
+        assert found[c]["test"].personal_acc == pytest.approx(own, abs=1e-12)
+    assert recall[0] != recall[1]  # else every weighting gives the same number
+    assert found[0]["test"].personal_acc != found[1]["test"].personal_acc
+    assert found[0]["test"].acc == found[1]["test"].acc  # what does not depend on the client stays shared
+
+
+def test_for_expertise_reweighs_shared_recalls_by_hand():
+    """Labels (0, 0, 0, 0, 1, 1), predictions (0, 0, 0, 1, 1, 0): recall (3/4, 1/2). A client of
+    counts (80, 20) scores 0.8 * 0.75 + 0.2 * 0.5 = 0.7; one sharing its predictions with counts
+    (10, 30) scores (10 * 0.75 + 30 * 0.5) / 40 = 22.5 / 40 = 0.5625."""
+    labels, predictions = np.array([0, 0, 0, 0, 1, 1]), np.array([0, 0, 0, 1, 1, 0])
+    first = evaluation.scores(labels, predictions, 2, 0, np.array([80, 20]))
+    assert first.personal_acc == pytest.approx(0.7, abs=1e-15)
+    other = evaluation.for_expertise(first, 1, np.array([10, 30]))
+    assert other.personal_acc == 0.5625
+    assert (other.acc, other.balanced_acc, other.minority_acc) == (first.acc, first.balanced_acc, 0.75)
 
 
 def test_two_models_that_differ_by_one_weight_are_never_merged():

@@ -209,13 +209,62 @@ def test_a_run_without_the_training_split_has_no_train_view(study, tmp_path):
     _, _, outputs = study
     plain = shutil.copy(outputs[0], tmp_path / "plain.h5")
     with h5py.File(plain, "r+") as f:  # what eval.train_split=false writes: NaN
-        for name in ("train_acc", "train_balanced_acc", "train_minority_acc", "train_recall"):
+        for name in ("train_acc", "train_balanced_acc", "train_minority_acc", "train_personal_acc", "train_recall"):
             f[f"metrics/{name}"][...] = np.nan
     assert set(ledger.record(plain)["views"]) == {"test"}
     book = tmp_path / "book.jsonl"
     ledger.update(book, [plain])
     with pytest.raises(ReportError, match=r"book.jsonl#plain: no training-split scores"):
         ledger.summaries(book, 10, "last", "train")
+
+
+def test_personal_acc_is_held_in_every_view_and_a_line_older_than_it_still_loads(study, tmp_path):
+    """A line holds personal_acc (test and train views, and its curve) as its file's summary does; a
+    line written before personal_acc (no score, no curve) loads, and reads as the file without
+    /metrics/personal_acc reads: NaN, and no personal_acc column where no run of the report has it."""
+    _, path, outputs = study
+    entries = ledger.load(path)
+    entry = entries[outputs[0].stem]
+    for split in ("test", "train"):
+        for view, (last, select) in ledger.VIEWS.items():
+            held = entry["views"][split][view]["scores"]["personal_acc"]
+            assert held == summarize(outputs[0], last, select, split).scores["personal_acc"], (split, view)
+    assert len(entry["curves"]["personal_acc"]) == 12
+    with h5py.File(outputs[0], "r") as f:  # last10's mean, by hand from the file
+        personal = f["metrics/personal_acc"][2:12].mean(axis=1).mean()
+    assert entry["views"]["test"]["last10"]["scores"]["personal_acc"] == pytest.approx(personal, rel=1e-12)
+
+    older = tmp_path / "older.jsonl"  # every line as an mpicd before personal_acc wrote it
+    lines = []
+    for e in entries.values():
+        for views in e["views"].values():
+            for v in views.values():
+                del v["scores"]["personal_acc"]
+        del e["curves"]["personal_acc"]
+        lines.append(json.dumps(e))
+    older.write_text("\n".join(lines) + "\n")
+    old_file = shutil.copy(outputs[0], tmp_path / "old.h5")
+    with h5py.File(old_file, "r+") as f:
+        for name in ("personal_acc", "val_personal_acc", "train_personal_acc"):
+            del f[f"metrics/{name}"]
+    assert ledger.record(old_file)["views"]["test"]["last10"]["scores"]["personal_acc"] is None
+    for split in ("test", "train"):
+        held = ledger.summaries(older, 10, "last", split)
+        theirs = summarize(old_file, 10, "last", split)
+        mine = next(s for s in held if s.path.name == f"{older.name}#{outputs[0].stem}")
+        assert np.isnan(mine.scores["personal_acc"]) and np.isnan(theirs.scores["personal_acc"])
+        assert {k: v for k, v in mine.scores.items() if k != "personal_acc"} == {
+            k: v for k, v in theirs.scores.items() if k != "personal_acc"
+        }
+        if split == "test":
+            assert np.isnan(mine.curves["personal_acc"]).all() and len(mine.curves["personal_acc"]) == 12
+    table, csv_bytes = report(tmp_path / "older", older, "--last", "10")
+    # no run of the report has it: its tables and CSV are what they were before personal_acc existed
+    assert "| test_acc | bytes/round/rank |" in table and "personal_acc" not in table
+    header, *rows = csv_bytes.decode().splitlines()
+    assert "personal_acc_mean" not in header.split(",") and "test_acc_sd,bytes_per_round_rank" in header
+    refused = mpicd_cli("report", str(older), "--last", "10", "--versus", "fedavg", "--versus-metric", "personal_acc")
+    assert refused.returncode == 2 and "has no personal_acc" in refused.stderr
 
 
 def test_a_malformed_line_is_named_by_file_and_line(study, tmp_path):

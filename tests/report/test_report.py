@@ -56,12 +56,24 @@ def config(**dotted):
 
 
 def write(
-    path, cfg, minority, *, completed=None, val=None, sent=800, recv=400, balanced=None, recall=None, class_names=None
+    path,
+    cfg,
+    minority,
+    *,
+    completed=None,
+    val=None,
+    sent=800,
+    recv=400,
+    balanced=None,
+    recall=None,
+    class_names=None,
+    personal=None,
 ):
     """A results file in mpicd's layout. ``minority``: per round, a score (both clients equal) or a
     per-client list; balanced_acc = minority + 0.1 (or ``balanced``, given like ``minority``) and
     test_acc = minority + 0.2 everywhere. ``recall``: (rounds, clients, classes) values of
-    /metrics/recall; ``class_names``: the attr, if given."""
+    /metrics/recall; ``class_names``: the attr, if given. ``personal``: /metrics/personal_acc, given
+    like ``minority``; without it the file is one written before personal_acc existed."""
     m = np.array([[v, v] if np.isscalar(v) else v for v in minority], dtype=float)
     b = m + 0.1 if balanced is None else np.array([[v, v] if np.isscalar(v) else v for v in balanced], dtype=float)
     rounds, clients = cfg["rounds"], m.shape[1]
@@ -97,6 +109,8 @@ def write(
         metric("bytes_recv", np.full(m.shape, recv, dtype=np.int64))
         if val is not None:
             metric("val_minority_acc", np.array([[v, v] if np.isscalar(v) else v for v in val], dtype=float))
+        if personal is not None:
+            metric("personal_acc", np.array([[v, v] if np.isscalar(v) else v for v in personal], dtype=float))
         for name, each in (("bytes_sent", sent), ("bytes_recv", recv)):
             d = f.create_dataset(f"comm/{name}", (rounds, clients, len(KINDS)), dtype="i8", fillvalue=0)
             d[:, :, 0] = each
@@ -179,7 +193,9 @@ def test_runs_differing_in_hyper_parameters_are_separate_cells_with_their_keys_s
     text = render(cells)
     # header: method + every key that differs; λ=0.5 cell: mean 0.6, sd sqrt(2 * 0.1² / 1) = 0.141
     assert "| method | algorithm.lambda | model.name | train.lr | seeds | minority_acc |" in text
+    # the files have no /metrics/personal_acc (written before it): no column for it, as before it existed
     assert "| codistill | 0.5 | mlp | 0.001 | 2 | 0.600 ± 0.141 | 0.700 ± 0.141 | 0.800 ± 0.141 | 600 |" in text
+    assert "personal_acc" not in text
     assert "| codistill | 1 | mlp | 0.001 | 3 | 0.800 ± 0.100 |" in text
     assert "| codistill | 1 | lenet | 0.001 | 1 | 0.300 |" in text
     assert "| codistill | 1 | mlp | 0.01 | 1 | 0.400 |" in text
@@ -265,7 +281,8 @@ def test_best_val_picks_the_earliest_round_of_highest_validation_minority_accura
     )
     run = summarize(p, select="best-val")
     assert run.selected_round == 1
-    assert run.scores == pytest.approx({"minority_acc": 0.6, "balanced_acc": 0.7, "test_acc": 0.8})
+    expected = {"minority_acc": 0.6, "balanced_acc": 0.7, "test_acc": 0.8, "personal_acc": math.nan}  # no such column
+    assert run.scores == pytest.approx(expected, nan_ok=True)
     result = run_cli(p, "--select", "best-val")
     assert result.returncode == 0, result.stderr
     assert "highest validation minority accuracy" in result.stdout and "ties -> the earliest round" in result.stdout
@@ -413,6 +430,61 @@ def test_versus_metric_compares_balanced_accuracy_and_versus_only_prints_just_th
         assert bad.returncode == 2 and "needs --versus" in bad.stderr, alone
     wrong = run_cli(*files, "--versus", "local", "--versus-metric", "val_acc")
     assert wrong.returncode == 2 and "--versus-metric" in wrong.stderr
+
+
+def test_personal_acc_is_a_score_in_the_tables_the_csv_and_versus(tmp_path):
+    """personal_acc, where the file has it: scored by the same rule (last round, mean over clients),
+    a column of the cell table and the CSV, and a --versus-metric. Per-client values (0.9, 0.7) at
+    the last round: mean 0.8; seeds 0 and 1 of codistill 0.8 and 0.6 against local's 0.5 and 0.4:
+    differences 0.3 and 0.2, mean +0.250."""
+    values = {
+        ("codistill", 0): [0.9, 0.7],
+        ("codistill", 1): [0.6, 0.6],
+        ("local", 0): [0.5, 0.5],
+        ("local", 1): [0.4, 0.4],
+    }
+    algo = {"codistill": BASE["algorithm"], "local": {"name": "local"}}
+    files = [
+        write(tmp_path / f"{a}-{seed}.h5", config(seed=seed, algorithm=algo[a]), final(0.5), personal=[0, 0, v])
+        for (a, seed), v in values.items()
+    ]
+    assert summarize(files[0]).scores["personal_acc"] == pytest.approx(0.8, abs=1e-12)
+    out = tmp_path / "cells.csv"
+    result = run_cli(*files, "--versus", "local", "--versus-metric", "personal_acc", "--csv", out)
+    assert result.returncode == 0, result.stderr
+    assert "| method | seeds | minority_acc | balanced_acc | test_acc | personal_acc |" in result.stdout
+    # personal_acc (0.8 + 0.6) / 2 = 0.7, sd sqrt(2 * 0.1^2 / 1) = 0.141; local (0.5 + 0.4) / 2, sd 0.071
+    assert "| codistill | 2 | 0.500 ± 0.000 | 0.600 ± 0.000 | 0.700 ± 0.000 | 0.700 ± 0.141 | 600 |" in result.stdout
+    assert "| local | 2 | 0.500 ± 0.000 | 0.600 ± 0.000 | 0.700 ± 0.000 | 0.450 ± 0.071 | 600 |" in result.stdout
+    assert "personal_acc: each method minus local" in result.stdout
+    assert "| codistill | local | 2 | +0.250 |" in result.stdout
+    rows = {r["method"]: r for r in csv.DictReader(out.open())}
+    assert float(rows["codistill"]["personal_acc_mean"]) == pytest.approx(0.7, abs=1e-12)
+    assert float(rows["local"]["personal_acc_mean"]) == pytest.approx(0.45, abs=1e-12)
+
+
+def test_a_file_older_than_personal_acc_still_reports(tmp_path):
+    """No /metrics/personal_acc: NaN in its scores, "–" in the table, empty in the CSV; every other
+    score and --versus on them as before; --versus-metric personal_acc names the file instead."""
+    old = write(tmp_path / "old.h5", config(), final(0.8))
+    new = write(tmp_path / "new.h5", config(seed=1), final(0.6), personal=[0, 0, 0.9])
+    local = [write(tmp_path / f"local-{s}.h5", config(seed=s, algorithm={"name": "local"}), final(0.5)) for s in (0, 1)]
+    summary = summarize(old)
+    assert np.isnan(summary.scores["personal_acc"]) and summary.scores["minority_acc"] == pytest.approx(0.8)
+    assert np.isnan(summary.curves["personal_acc"]).all() and len(summary.curves["personal_acc"]) == 3
+    out = tmp_path / "cells.csv"
+    result = run_cli(old, new, *local, "--versus", "local", "--csv", out)
+    assert result.returncode == 0, result.stderr
+    assert "| codistill | 2 | 0.700 ± 0.141 | 0.800 ± 0.141 | 0.900 ± 0.141 | – |" in result.stdout  # one lacks it
+    assert "| codistill | local | 2 | +0.200 |" in result.stdout  # minority accuracy: compared as before
+    rows = {r["method"]: r for r in csv.DictReader(out.open())}
+    assert rows["codistill"]["personal_acc_mean"] == "" and rows["codistill"]["personal_acc_sd"] == ""
+    assert float(rows["codistill"]["minority_acc_mean"]) == pytest.approx(0.7, abs=1e-12)
+    refused = run_cli(old, new, *local, "--versus", "local", "--versus-metric", "personal_acc")
+    assert refused.returncode == 2 and "has no personal_acc" in refused.stderr
+    assert "old.h5" in refused.stderr or "local-0.h5" in refused.stderr
+    alone = run_cli(new, "--csv", tmp_path / "new.csv")  # a new file alone: its value
+    assert alone.returncode == 0 and "| codistill | 1 | 0.600 | 0.700 | 0.800 | 0.900 |" in alone.stdout
 
 
 def test_versus_metric_recall_of_a_class_by_name(tmp_path):
@@ -573,5 +645,8 @@ def test_split_train_scores_the_training_split_audit_and_refuses_files_without_i
         assert ("TRAINING images" in result.stdout) == (split == "train")
     (row,) = list(csv.DictReader((tmp_path / "train.csv").open()))
     assert float(row["test_acc_mean"]) == pytest.approx(train["acc"], abs=1e-9)
+    with h5py.File(audited, "r") as f:  # --split train: personal_acc read from train_personal_acc
+        personal = float(f["metrics/train_personal_acc"][1].mean())
+    assert float(row["personal_acc_mean"]) == pytest.approx(personal, abs=1e-9)
     refused = mpicd_cli("report", str(plain), "--split", "train")
     assert refused.returncode == 2 and "eval.train_split=true" in refused.stderr and "plain.h5" in refused.stderr

@@ -32,6 +32,8 @@ def test_every_rank_row_lands_in_its_cell(written, writer):
     np.testing.assert_array_equal(res.metrics["train_ce"], [[0, 1, 2], [0.25, 1.25, 2.25]])
     np.testing.assert_array_equal(res.metrics["train_extra"], np.full((2, 3), 0.25))
     np.testing.assert_array_equal(res.metrics["val_minority_acc"], [[0, 0.01, 0.02], [0, 0.01, 0.02]])
+    np.testing.assert_array_equal(res.metrics["personal_acc"], [[0, 0, 0], [1, 1, 1]])
+    np.testing.assert_array_equal(res.metrics["val_personal_acc"], [[0, 0.001, 0.002], [0, 0.001, 0.002]])
     np.testing.assert_array_equal(res.metrics["val_recall"][1], [[0, 1], [1, 1], [2, 1]])
     assert res.placement["host"] == ["node0", "node0", "node1"]
     assert res.placement["device"] == ["cpu"] * 3

@@ -36,7 +36,16 @@ D = 200
 MLP_P = (30 * 64 + 64) + (64 * D + D) + (D * 2 + 2)
 FEDAVG_BYTES = 4 * (MLP_P + 1)  # Allreduce of [n_i theta_i ; n_i], float32: sent = received, per rank-round
 MESSAGE = 4 * D  # co-distillation: one (1, D) float32 vector per student served, one from its teacher
-HELD_OUT = ("test_acc", "balanced_acc", "minority_acc", "val_acc", "val_balanced_acc", "val_minority_acc")
+HELD_OUT = (
+    "test_acc",
+    "balanced_acc",
+    "minority_acc",
+    "personal_acc",
+    "val_acc",
+    "val_balanced_acc",
+    "val_minority_acc",
+    "val_personal_acc",
+)
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +129,26 @@ def test_the_runs_files_hold_what_the_tests_assume(runs):
         for name in HELD_OUT:
             values = f[f"metrics/{name}"][()]
             assert np.isfinite(values[EVALUATED]).all() and np.isnan(values[[0, 2]]).all(), name
+
+
+@pytest.mark.parametrize("name", ["codistill", "fedavg", "every"])
+def test_personal_acc_is_the_recalls_weighted_by_the_clients_own_training_counts(runs, name):
+    """Recomputed here, client by client, from /metrics/recall and /partition/train_counts:
+    sum_c p_c recall_c / sum_c p_c, p_c the client's training images of class c (every class is in
+    the quick start's test and validation splits)."""
+    with h5py.File(runs[name], "r") as f:
+        counts = f["partition/train_counts"][()]
+        assert (counts > 0).all() and not (counts == counts[:1]).all()  # clients weigh differently
+        for prefix in ("", "val_"):
+            recall, personal = f[f"metrics/{prefix}recall"][()], f[f"metrics/{prefix}personal_acc"][()]
+            for r in range(ROUNDS):
+                for c in range(RANKS):
+                    if name == "every" and r not in EVALUATED:
+                        assert np.isnan(personal[r, c]) and np.isnan(recall[r, c]).all()
+                        continue
+                    p = [int(n) for n in counts[c]]
+                    expected = sum(n * float(v) for n, v in zip(p, recall[r, c])) / sum(p)
+                    assert personal[r, c] == pytest.approx(expected, rel=1e-12, abs=1e-12), (prefix, r, c)
 
 
 def test_real_files_are_ok_from_the_command_line(runs):
@@ -210,6 +239,44 @@ def test_a_broken_metric_is_named(capsys, tmp_path, runs, source, change, patter
 def test_a_missing_metric_is_named(capsys, tmp_path, runs):
     path = broken(runs["codistill"], tmp_path, lambda f: f.__delitem__("metrics/val_balanced_acc"))
     assert_one_problem(capsys, path, r"/metrics/val_balanced_acc is missing")
+
+
+@pytest.mark.parametrize("prefix", ["", "val_"])
+def test_a_personal_acc_that_is_not_the_weighted_recall_is_named(capsys, tmp_path, runs, prefix):
+    """A finite value, but not sum_c p_c recall_c / sum_c p_c (0.5 is no client's weighted recall here)."""
+    path = broken(runs["codistill"], tmp_path, value_at(f"{prefix}personal_acc", 2, 1, 0.5))
+    assert_one_problem(
+        capsys,
+        path,
+        rf"/metrics/{prefix}personal_acc is not sum_c p_c {prefix}recall_c / sum_c p_c "
+        r"\(p: /partition/train_counts\) in rounds 3",
+    )
+
+
+def test_uniform_weights_are_not_the_personal_acc(capsys, tmp_path, runs):
+    """The balanced accuracy (uniform p) written as personal_acc: verify tells them apart."""
+
+    def change(f):
+        f["metrics/personal_acc"][...] = f["metrics/balanced_acc"][()]
+
+    assert_one_problem(
+        capsys, broken(runs["fedavg"], tmp_path, change), r"/metrics/personal_acc is not .* rounds 1, .*"
+    )
+
+
+def test_a_personal_acc_missing_beside_the_others_is_named(capsys, tmp_path, runs):
+    path = broken(runs["codistill"], tmp_path, lambda f: f.__delitem__("metrics/personal_acc"))
+    assert_one_problem(capsys, path, r"/metrics/personal_acc is missing")
+
+
+def test_a_file_older_than_personal_acc_is_ok_with_a_note(capsys, tmp_path, runs):
+    def change(f):
+        for name in ("personal_acc", "val_personal_acc", "train_personal_acc"):
+            del f[f"metrics/{name}"]
+
+    code, problems, notes, out = verdict(capsys, broken(runs["every"], tmp_path, change))
+    assert (code, problems) == (0, []), out
+    assert notes == ["no /metrics/personal_acc (an older mpicd): personalised accuracy not checked"], out
 
 
 def test_a_skipped_update_may_have_a_nan_loss_and_fewer_bytes(capsys, tmp_path, runs):

@@ -15,7 +15,16 @@ from conftest import QUICKSTART, is_timing, mpicd_run
 
 ROUNDS, EVERY = 5, 2
 EVALUATED = [1, 3, 4]  # 0-based: rounds 2 and 4 (every 2nd) and 5 (the last)
-SCORED = ("test_acc", "balanced_acc", "minority_acc", "val_acc", "val_balanced_acc", "val_minority_acc")
+SCORED = (
+    "test_acc",
+    "balanced_acc",
+    "minority_acc",
+    "personal_acc",
+    "val_acc",
+    "val_balanced_acc",
+    "val_minority_acc",
+    "val_personal_acc",
+)
 
 
 @pytest.fixture(scope="module")

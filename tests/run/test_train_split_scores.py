@@ -16,7 +16,7 @@ import pytest
 
 from conftest import DRIVERS, QUICKSTART, is_timing, mpiexec
 
-TRAIN = ("train_acc", "train_balanced_acc", "train_minority_acc", "train_recall")
+TRAIN = ("train_acc", "train_balanced_acc", "train_minority_acc", "train_personal_acc", "train_recall")
 ROUNDS, EVERY = 3, 2
 EVALUATED = [1, 2]  # eval.every=2 over 3 rounds: round 2 and the last
 COMMON = (f"rounds={ROUNDS}", f"eval.every={EVERY}", "checkpoint.every=0")
@@ -79,6 +79,9 @@ def independent_scores(out: Path) -> dict[str, np.ndarray]:
             got["train_acc"][r, rank] = (pred == y).mean()
             got["train_balanced_acc"][r, rank] = recall.mean()
             got["train_minority_acc"][r, rank] = np.delete(recall, expertise).mean()
+            # weighted by the client's own partition's counts, also where it trains on the union
+            counts = plan.partition.train_counts[rank]
+            got["train_personal_acc"][r, rank] = sum(counts[c] * recall[c] for c in range(classes)) / counts.sum()
     return got
 
 
