@@ -243,16 +243,19 @@ class Algorithm:
         """A term added to the batch's classification loss, or None."""
         return None
 
+    def training_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits the client's local softmax trains on: the model's own by default. A method that
+        changes that softmax (FedLC's calibrated logits, FedRS's restricted softmax) overrides this,
+        row by row, so the loss stays a mean of per-sample terms; evaluation reads the raw logits."""
+        return logits
+
     def classification_loss(
         self, batch: Batch, weight: torch.Tensor | None = None, reduction: str = "mean"
     ) -> torch.Tensor:
-        """The batch's classification term (``/metrics/train_ce``): the cross-entropy of its logits,
-        weighted by ``weight`` (``train.loss: balanced``). A method that changes the softmax the client
-        trains with (FedLC's calibrated logits, FedRS's restricted softmax) overrides it; it stays a
-        mean of per-sample terms, so DP-SGD can clip each sample's gradient. Under DP-SGD
-        ``batch.features`` is None (Opacus sees the model's output only): an override that reads it
-        must refuse privacy in :meth:`check_private`."""
-        return F.cross_entropy(batch.logits, batch.y, weight=weight, reduction=reduction)
+        """The batch's classification term (``/metrics/train_ce``): the cross-entropy of
+        :meth:`training_logits`, weighted by ``weight`` (``train.loss: balanced``); the same on the
+        DP-SGD path, where ``batch.features`` is None (Opacus sees the model's output only)."""
+        return F.cross_entropy(self.training_logits(batch.logits), batch.y, weight=weight, reduction=reduction)
 
     def after_epoch(self, round_index: int) -> None:
         """Exchange what the finished epoch produced (averaging, prototypes, logits); one client

@@ -23,9 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from mpicd.algorithms.base import Batch, Context
+from mpicd.algorithms.base import Context
 from mpicd.algorithms.fedavg import FedAvg, FedAvgParams
 from mpicd.core.schema import ConfigError, spec
 
@@ -65,8 +64,5 @@ class FedLC(FedAvg):
             "record moves every sample's gradient (DP-SGD bounds each sample's own); use fedavg",
         )
 
-    def classification_loss(
-        self, batch: Batch, weight: torch.Tensor | None = None, reduction: str = "mean"
-    ) -> torch.Tensor:
-        logits = calibrated_logits(batch.logits, self.counts, self.params.tau)
-        return F.cross_entropy(logits, batch.y, weight=weight, reduction=reduction)
+    def training_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return calibrated_logits(logits, self.counts, self.params.tau)

@@ -34,9 +34,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 
-from mpicd.algorithms.base import Batch, Context
+from mpicd.algorithms.base import Context
 from mpicd.algorithms.fedavg import FedAvg, FedAvgParams
 from mpicd.core.schema import ConfigError, spec
 
@@ -84,8 +83,5 @@ class FedRS(FedAvg):
             "and how many of each, so one record can move every sample's gradient; use fedavg",
         )
 
-    def classification_loss(
-        self, batch: Batch, weight: torch.Tensor | None = None, reduction: str = "mean"
-    ) -> torch.Tensor:
-        logits = batch.logits * self.scale.to(batch.logits.dtype)
-        return F.cross_entropy(logits, batch.y, weight=weight, reduction=reduction)
+    def training_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits * self.scale.to(logits.dtype)
