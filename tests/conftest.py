@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DRIVERS = Path(__file__).resolve().parent / "drivers"
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 PNEUMONIA = ROOT.parent / "shared" / "data" / "pneumoniamnist.npz"
+RETINA = ROOT.parent / "shared" / "data" / "retinamnist.npz"
 
 
 def is_timing(name: str) -> bool:

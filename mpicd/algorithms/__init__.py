@@ -9,7 +9,9 @@ from mpicd.algorithms.fedamp import FedAMP
 from mpicd.algorithms.fedavg import FedAvg
 from mpicd.algorithms.feddistill import FedDistill
 from mpicd.algorithms.fedlc import FedLC
+from mpicd.algorithms.fedntd import FedNTD
 from mpicd.algorithms.fedproto import FedProto
+from mpicd.algorithms.fedrod import FedRoD
 from mpicd.algorithms.fedrs import FedRS
 from mpicd.algorithms.local import LocalOnly
 from mpicd.core.schema import ConfigError, from_mapping
@@ -23,6 +25,8 @@ REGISTRY: dict[str, type[Algorithm]] = {
     FedAMP.name: FedAMP,
     FedLC.name: FedLC,
     FedRS.name: FedRS,
+    FedNTD.name: FedNTD,
+    FedRoD.name: FedRoD,
     Centralized.name: Centralized,
 }
 

@@ -46,6 +46,7 @@ class Context:
     owner: np.ndarray | None = None  # (clients,) the rank of every client (None: client i on rank i)
     participants: np.ndarray | None = None  # the round's participating clients (None: all; mpicd.run.participation)
     privacy: "Budget | None" = None  # this client's privacy budget (mpicd.privacy.budget; None: privacy off)
+    rounds: int | None = None  # the run's rounds (CCVR acts after the last)
 
     @property
     def participating(self) -> bool:
@@ -176,6 +177,9 @@ class Algorithm:
     # clients whose predictor_tensors are equal bit for bit are evaluated once (mpicd.evaluation.predictors).
     # False (personalised models): every client is evaluated itself, whatever its tensors.
     shared_at_evaluation: ClassVar[bool] = False
+    # True: besides predict (the client's model), predict_generic is scored on the held-out splits in the
+    # /metrics/generic_* columns (FedRoD's generic model next to its personal one)
+    scores_generic: ClassVar[bool] = False
 
     def state_dict(self) -> dict:
         """What a checkpoint must hold for the next round to equal an uninterrupted run's."""
@@ -292,6 +296,15 @@ class Algorithm:
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Logits used for evaluation."""
         return self.ctx.model(x)
+
+    def predict_generic(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the method's generic model (:attr:`scores_generic`): the model's own by default."""
+        return self.ctx.model(x)
+
+    def trained_parameters(self) -> list[torch.nn.Parameter]:
+        """Tensors the algorithm holds outside the model that the client's optimizer trains with it
+        (FedRoD's personal head): stepped, reset and checkpointed with the model's; none by default."""
+        return []
 
     def predictor_tensors(self) -> list[torch.Tensor]:
         """Every tensor :meth:`predict` reads in eval mode: the model's parameters and buffers, but

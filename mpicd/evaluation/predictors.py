@@ -36,12 +36,14 @@ class Scores:
     personal_acc: float  # weighted by the client's own training label distribution (metrics.personal_accuracy)
 
 
-def predicted_labels(algorithm, x: torch.Tensor, batch_size: int) -> np.ndarray:
-    """The class ``algorithm.predict`` gives each row of ``x`` (its model in eval mode, no gradient),
-    in batches of ``batch_size``: one device-to-host copy per split, not one per batch."""
+def predicted_labels(algorithm, x: torch.Tensor, batch_size: int, generic: bool = False) -> np.ndarray:
+    """The class ``algorithm.predict`` (``generic``: ``predict_generic``) gives each row of ``x`` (its
+    model in eval mode, no gradient), in batches of ``batch_size``: one device-to-host copy per split,
+    not one per batch."""
     algorithm.ctx.model.eval()
+    predict = algorithm.predict_generic if generic else algorithm.predict
     with torch.no_grad():
-        labels = [algorithm.predict(x[i : i + batch_size]).argmax(dim=1) for i in range(0, len(x), batch_size)]
+        labels = [predict(x[i : i + batch_size]).argmax(dim=1) for i in range(0, len(x), batch_size)]
     return torch.cat(labels).cpu().numpy()
 
 

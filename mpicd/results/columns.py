@@ -64,6 +64,8 @@ class RoundRow:
     eval_seconds: float = float("nan")  # evaluation on the test and validation splits
     skipped: int = 0  # 1: this client's update was dropped (on_nonfinite: skip)
     train: Any = None  # client.Scores on its own training split (eval.train_split), or None
+    generic_test: Any = None  # the generic model's client.Scores (Algorithm.scores_generic), or None
+    generic_val: Any = None
     diag: Any = None  # mpicd.evaluation.diagnostics.Diagnostics (eval.diagnostics), or None: NaN in /diag
     mpi: Traffic | None = None  # what crossed MPI from the client's rank (its first client; None: = traffic)
     participated: int = 1  # 0: the client sat the round out (participation < 1)
@@ -131,12 +133,16 @@ _SPLITS = {
     "test": "on the held-out test split",
     "val": "on the validation split (for choosing hyper-parameters and rounds; NaN where eval.every skips)",
     "train": "on the client's own training split, an audit, not held-out (NaN unless eval.train_split: true)",
+    "generic_test": "of the method's generic model (FedRoD's body and averaged head) on the held-out test split (in such a "
+    "method's files only)",
+    "generic_val": "of the method's generic model (FedRoD's body and averaged head) on the validation split (in such a "
+    "method's files only)",
 }
 
 
 def _scores(split: str, prefix: str, num_classes: int) -> list[Column]:
     on = _SPLITS[split]
-    acc = "test_acc" if split == "test" else f"{prefix}acc"
+    acc = f"{prefix}test_acc" if split.endswith("test") else f"{prefix}acc"
     return [
         Column(f"metrics/{acc}", "f8", (), _score(split, "acc"), "1", f"Accuracy {on}."),
         Column(
@@ -174,8 +180,15 @@ def private_columns() -> list[Column]:
     ]  # fmt: skip
 
 
-def columns(num_classes: int, private: bool = False) -> list[Column]:
-    """Every per-round dataset of the file, in a fixed order (``private``: with :func:`private_columns`)."""
+def generic_columns(num_classes: int) -> list[Column]:
+    """The scores of a method's generic model (:attr:`mpicd.algorithms.Algorithm.scores_generic`: FedRoD),
+    on the test and validation splits; only in such a method's files."""
+    return [*_scores("generic_test", "generic_", num_classes), *_scores("generic_val", "generic_val_", num_classes)]
+
+
+def columns(num_classes: int, private: bool = False, generic: bool = False) -> list[Column]:
+    """Every per-round dataset of the file, in a fixed order (``private``: with :func:`private_columns`,
+    ``generic``: with :func:`generic_columns`)."""
     k = (len(KINDS),)
     test, val, train = (_scores(*split, num_classes) for split in (("test", ""), ("val", "val_"), ("train", "train_")))
     return [
@@ -228,6 +241,7 @@ def columns(num_classes: int, private: bool = False) -> list[Column]:
                "Co-distillation: linear CKA of the student's and its teacher's eval-mode features on the first 64 "
                "validation (else test) images, after training; NaN where undefined or without eval.diagnostics."),
         *(private_columns() if private else []),
+        *(generic_columns(num_classes) if generic else []),
     ]  # fmt: skip
 
 
@@ -260,9 +274,9 @@ def fixed() -> list[Fixed]:
     ]  # fmt: skip
 
 
-def layout(num_classes: int, private: bool = False) -> list[Column | Fixed]:
+def layout(num_classes: int, private: bool = False, generic: bool = False) -> list[Column | Fixed]:
     """Every dataset of the file but the dimension scales, in the order they are created."""
-    return [*columns(num_classes, private), *fixed()]
+    return [*columns(num_classes, private, generic), *fixed()]
 
 
 def dimension_values(rounds: int, clients: int, class_names: list[str]) -> dict[str, np.ndarray]:
@@ -292,7 +306,7 @@ def layout_table(num_classes: int = 2) -> str:
     dimension scales."""
     kinds = {"f8": "float64", "i8": "int64"}
     lines = ["| dataset | dims | dtype | units | description |", "| --- | --- | --- | --- | --- |"]
-    for d in layout(num_classes):
+    for d in layout(num_classes, private=True, generic=True):
         dtype = kinds.get(d.dtype) or f"string ({d.dtype[1:]} bytes)"
         dims = " × ".join(d.all_dims)
         what = d.description.replace("|", "\\|")

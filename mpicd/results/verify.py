@@ -9,7 +9,8 @@ Checked, from the file alone:
   a round that was not evaluated holds NaN metrics;
 * personalised accuracy: each ``*personal_acc`` equals sum_c p_c recall_c / sum_c p_c recomputed
   from the split's ``*recall`` and the client's ``/partition/train_counts`` (the classes with a
-  recall); a file older than it (no ``personal_acc``) is not checked, with a note;
+  recall); a file older than it (no ``personal_acc``) is not checked, with a note; a method with a
+  generic model (FedRoD) has its ``generic_*`` scores, held to the same rules;
 * nothing claimed past the end: rows after ``completed_rounds`` hold no data (the row right after
   it may hold a write that a crash interrupted before ``completed_rounds`` moved);
 * bytes: per round and rank, the totals equal the sums over kinds, and each kind equals the
@@ -41,6 +42,10 @@ import yaml
 HELD_OUT = ("test_acc", "balanced_acc", "minority_acc", "personal_acc")
 VALIDATION = ("val_acc", "val_balanced_acc", "val_minority_acc", "val_personal_acc")
 TRAINING = ("train_acc", "train_balanced_acc", "train_minority_acc", "train_personal_acc")  # eval.train_split only
+GENERIC = (  # an algorithm with a generic model (Algorithm.scores_generic: FedRoD)
+    "generic_test_acc", "generic_balanced_acc", "generic_minority_acc", "generic_personal_acc",
+)  # fmt: skip
+GENERIC_VALIDATION = tuple(name.replace("generic_", "generic_val_").replace("_test_", "_") for name in GENERIC)
 ADDED_LATER = ("personal_acc", "val_personal_acc", "train_personal_acc")
 """Scores a file written before them lacks (all of them together): not checked there, with a note."""
 
@@ -126,7 +131,10 @@ def _identity(verdict: Verdict, attrs: dict, config: dict) -> None:
 def _metrics(verdict: Verdict, res, config: dict, rounds: int, done: int) -> None:
     every = int((config.get("eval") or {}).get("every", 1) or 1)
     evaluated = np.array([(r + 1) % every == 0 or r + 1 == rounds for r in range(done)], dtype=bool)
-    names = HELD_OUT + (VALIDATION if res.attrs.get("val_split", "none") != "none" else ())
+    validation = res.attrs.get("val_split", "none") != "none"
+    names = HELD_OUT + (VALIDATION if validation else ())
+    if _scores_generic(res.attrs.get("algorithm")):
+        names += GENERIC + (GENERIC_VALIDATION if validation else ())
     older = not any(name in res.metrics for name in ADDED_LATER)  # written before personal_acc existed
     if older:
         verdict.notes.append("no /metrics/personal_acc (an older mpicd): personalised accuracy not checked")
@@ -169,12 +177,20 @@ def _metrics(verdict: Verdict, res, config: dict, rounds: int, done: int) -> Non
             verdict.problems.append(f"/metrics/train_loss is not finite in rounds {_rounds_text(np.nonzero(bad)[0])}")
 
 
+def _scores_generic(algorithm) -> bool:
+    """Whether the file's algorithm scores a generic model too (its /metrics/generic_* columns)."""
+    from mpicd.algorithms import REGISTRY
+
+    cls = REGISTRY.get(algorithm.decode() if isinstance(algorithm, bytes) else str(algorithm))
+    return bool(cls is not None and cls.scores_generic)
+
+
 def _personal(verdict: Verdict, res) -> None:
     """Each split's personalised accuracy against sum_c p_c recall_c / sum_c p_c, recomputed from its
     per-class recall and the clients' /partition/train_counts (mpicd.evaluation.metrics.personal_accuracy);
     NaN exactly where the recomputation is (rounds not evaluated, no class with a recall and a weight)."""
     counts = res.partition.get("train_counts")
-    for prefix in ("", "val_", "train_"):
+    for prefix in ("", "val_", "train_", "generic_", "generic_val_"):
         values, recall = res.metrics.get(f"{prefix}personal_acc"), res.metrics.get(f"{prefix}recall")
         if values is None or recall is None or counts is None or recall.shape[1:] != counts.shape:
             continue

@@ -89,11 +89,13 @@ class ResultsWriter:
         clients: list[int] | None = None,
         num_clients: int | None = None,
         private: bool = False,
+        generic: bool = False,
     ):
         self.comm = comm
         self.rounds = rounds
         self.private = private  # privacy on: the private_columns too
-        self.cols = columns(num_classes, private)
+        self.generic = generic  # a method with a generic model (FedRoD): the generic_columns too
+        self.cols = columns(num_classes, private, generic)
         self.clients = sorted(clients) if clients is not None else [comm.rank]
         self.num_clients = comm.size if num_clients is None else num_clients
         self.claimed = resume_at or 0  # the rounds completed_rounds says are in the file
@@ -190,7 +192,7 @@ class ResultsWriter:
         names = [_text(n) for n in attrs.get("class_names", [])]
         values = dimension_values(rounds, clients, names if len(names) == classes else list(range(classes)))
         scales: dict[tuple[str, str], h5py.Dataset] = {}
-        for d in layout(classes, self.private):
+        for d in layout(classes, self.private, self.generic):
             group = d.path.split("/")[0]
             for dim in d.all_dims:  # a group's scales first, in the order its datasets use them
                 if (group, dim) not in scales:

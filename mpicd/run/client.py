@@ -90,8 +90,6 @@ class Client:
         self.model = build_model(
             cfg.model.name, plan.dataset.input_shape, plan.dataset.num_classes, cfg.model.feature_dim, cfg.model.hidden
         ).to(self.device)
-        self.dpsgd = plan.privacy is not None and plan.algorithm_cls.dpsgd  # private local training
-        self.optimizer = torch_optimizer(self.model, cfg.train) if self.dpsgd else make_optimizer(self.model, cfg.train)
         self.class_weights = (  # train.loss: balanced, from the split this rank trains on
             balanced_weights(self.train_y, plan.dataset.num_classes) if cfg.train.loss == "balanced" else None
         )
@@ -113,8 +111,12 @@ class Client:
                 client=rank,
                 owner=None if owner is None else np.asarray(owner),
                 privacy=None if plan.privacy is None else Budget(plan.privacy, cfg.seed, rank),
+                rounds=cfg.rounds,
             ),
         )
+        self.dpsgd = plan.privacy is not None and plan.algorithm_cls.dpsgd  # private local training
+        trained = [*self.model.parameters(), *self.algorithm.trained_parameters()]  # FedRoD's personal head too
+        self.optimizer = torch_optimizer(trained, cfg.train) if self.dpsgd else make_optimizer(trained, cfg.train)
 
     def train_round(self, round_index: int, fault=None, guard=None) -> EpochLoss:
         """One round's training: the algorithm's exchange before the epoch, the local epochs, its
@@ -297,9 +299,12 @@ class Client:
         """An evaluation split's images (on the device) and labels: ``test``, ``val`` or ``train``."""
         return (self.train_x, self.train_y.cpu().numpy()) if split == "train" else self.eval_sets[split]
 
-    def predictions(self, split: str) -> np.ndarray:
-        """The class this client's algorithm predicts for each image of the split."""
-        return evaluation.predicted_labels(self.algorithm, self.split(split)[0], self.plan.config.train.eval_batch_size)
+    def predictions(self, split: str, generic: bool = False) -> np.ndarray:
+        """The class this client's algorithm predicts for each image of the split (``generic``: its
+        generic model's, :attr:`~mpicd.algorithms.Algorithm.scores_generic`)."""
+        return evaluation.predicted_labels(
+            self.algorithm, self.split(split)[0], self.plan.config.train.eval_batch_size, generic
+        )
 
     def scores(self, split: str, predictions: np.ndarray) -> Scores:
         """This client's scores from predictions on the split (its own or a client's with the same model)."""
@@ -316,7 +321,8 @@ class Client:
 
 def evaluate_clients(clients: list[Client], splits: tuple[str, ...], once: bool = True):
     """Every client a rank holds on the held-out ``splits`` (``test``, ``val``), each distinct
-    predictor once (:mod:`mpicd.evaluation.predictors`; ``once`` False: each client's own). Returns
+    predictor once (:mod:`mpicd.evaluation.predictors`; ``once`` False: each client's own), and an
+    algorithm's generic model as ``generic_<split>`` where it has one. Returns
     ({client: {split: Scores}}, {client: seconds}); a group's prediction seconds are shared evenly
     among its clients, each client's scoring is its own."""
     found = {c.index: {} for c in clients}
@@ -338,6 +344,12 @@ def evaluate_clients(clients: list[Client], splits: tuple[str, ...], once: bool 
                 seconds[clients[i].index] += share + time.perf_counter() - start
         for i in group[1:]:
             clients[i].model.eval()  # in the mode its own evaluation would have left it
+    if type(clients[0].algorithm).scores_generic:  # the generic model too (FedRoD), each client's own
+        for c in clients:
+            for split in splits:
+                start = time.perf_counter()
+                found[c.index][f"generic_{split}"] = c.scores(split, c.predictions(split, generic=True))
+                seconds[c.index] += time.perf_counter() - start
     return found, seconds
 
 
@@ -394,21 +406,21 @@ def balanced_weights(y: torch.Tensor, num_classes: int) -> torch.Tensor:
     return weights.to(torch.get_default_dtype())
 
 
-def torch_optimizer(model: torch.nn.Module, train):
+def torch_optimizer(parameters: list[torch.nn.Parameter], train):
     """DP-SGD's optimizer: torch.optim's Adam or SGD with the same settings (Opacus wraps a
     torch.optim optimizer; imported here only, so the default path never loads torch._dynamo)."""
     import torch.optim
 
     if train.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
-    return torch.optim.SGD(model.parameters(), lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
+        return torch.optim.Adam(parameters, lr=train.lr, weight_decay=train.weight_decay)
+    return torch.optim.SGD(parameters, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
 
 
-def make_optimizer(model: torch.nn.Module, train) -> optim.Optimizer:
+def make_optimizer(parameters: list[torch.nn.Parameter], train) -> optim.Optimizer:
     """Created once per client; its state (Adam's moments) persists across rounds unless
     ``train.optimizer_state: reset`` (then :meth:`~mpicd.models.optim.Optimizer.reset` before every
     round's local training). mpicd's own Adam/SGD (``mpicd.models.optim``: torch.optim's arithmetic
     without importing torch._dynamo)."""
     if train.optimizer == "adam":
-        return optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
-    return optim.SGD(model.parameters(), lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
+        return optim.Adam(parameters, lr=train.lr, weight_decay=train.weight_decay)
+    return optim.SGD(parameters, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)

@@ -153,6 +153,7 @@ def run_rounds(
         clients=assignment.mine,
         num_clients=cfg.clients,
         private=plan.privacy is not None,
+        generic=plan.algorithm_cls.scores_generic,
     )
     # The assignment this job runs on (mpicd.mpi.assignment; a resumed job's may differ from the first one's).
     writer.set_attr("ranks", comm.size)
@@ -245,6 +246,7 @@ def _rounds(
             losses = {first.index: first.train_round(r, fault, guards[first.index])}
         trained = time.perf_counter()
         scores = {c.index: (None, None, None) for c in clients}  # not evaluated (eval.every): NaN metrics
+        generic = {c.index: (None, None) for c in clients}  # a method's generic model (scores_generic)
         eval_seconds = dict.fromkeys(scores, 0.0)
         if (r + 1) % cfg.eval.every == 0 or r + 1 == cfg.rounds:
             watchdog.phase = "evaluating"
@@ -255,6 +257,7 @@ def _rounds(
                 own = c.evaluate("train") if cfg.eval.train_split else None  # audit: its own training images
                 eval_seconds[c.index] += time.perf_counter() - began_eval
                 scores[c.index] = (found[c.index]["test"], found[c.index].get("val"), own)
+                generic[c.index] = (found[c.index].get("generic_test"), found[c.index].get("generic_val"))
                 one_class[c.index].append(bool(degenerate.one_hot(found[c.index]["test"].recall)))
         traffic = ledger.end_round()
         finished = time.perf_counter()
@@ -296,6 +299,8 @@ def _rounds(
                 test=test,
                 val=val,
                 train=own,
+                generic_test=generic[c.index][0],
+                generic_val=generic[c.index][1],
                 traffic=mine,
                 mpi=traffic if c is first else Traffic(),
                 teacher=c.algorithm.teacher(),

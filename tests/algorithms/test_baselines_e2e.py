@@ -22,7 +22,10 @@ from mpicd.run.plan import prepare
 from conftest import QUICKSTART, require_pneumonia
 from drivers.driver_settings import RUN_ROUNDS
 
-ALGORITHMS = ("codistill", "local", "fedavg", "fedproto", "feddistill", "fedamp", "centralized", "fedlc", "fedrs")
+ALGORITHMS = (
+    "codistill", "local", "fedavg", "fedproto", "feddistill", "fedamp", "centralized", "fedlc", "fedrs", "fedntd",
+    "fedrod",
+)  # fmt: skip
 
 
 def expected_bytes(name: str, res: Results) -> tuple[str | None, int, int]:
@@ -32,6 +35,8 @@ def expected_bytes(name: str, res: Results) -> tuple[str | None, int, int]:
         "fedavg": ("allreduce", 4 * (p + 1), 4 * (p + 1)),
         "fedlc": ("allreduce", 4 * (p + 1), 4 * (p + 1)),
         "fedrs": ("allreduce", 4 * (p + 1), 4 * (p + 1)),
+        "fedntd": ("allreduce", 4 * (p + 1), 4 * (p + 1)),
+        "fedrod": ("allreduce", 4 * (p + 1), 4 * (p + 1)),  # body and generic head; the personal head stays
         "fedproto": ("allreduce", 4 * c * (d + 1), 4 * c * (d + 1)),
         "feddistill": ("allreduce", 4 * c * (c + 1), 4 * c * (c + 1)),
         "fedamp": ("allgather", 4 * p, 4 * n * p),
@@ -52,7 +57,7 @@ def check_bytes(name: str, res: Results, ranks: int) -> None:
             assert (res.bytes_sent_by_kind[:, :, k] == sent).all() and (res.bytes_recv_by_kind[:, :, k] == recv).all()
 
 
-BASELINES = ("fedavg", "fedproto", "feddistill", "fedamp", "local", "centralized", "fedlc", "fedrs")
+BASELINES = ("fedavg", "fedproto", "feddistill", "fedamp", "local", "centralized", "fedlc", "fedrs", "fedntd", "fedrod")
 
 
 @pytest.mark.parametrize("name", BASELINES)
@@ -107,6 +112,32 @@ def test_the_neutral_setting_is_fedavg_bit_for_bit_and_the_default_is_not(baseli
     for metric in SCORED:
         assert np.array_equal(same.metrics[metric], fedavg.metrics[metric], equal_nan=True), (name, metric)
     assert not np.array_equal(default.metrics["train_ce"], fedavg.metrics["train_ce"]), name
+
+
+def test_fedntd_on_two_classes_is_fedavg_bit_for_bit(baselines):
+    """With two classes the not-true distribution has one class: nothing to distil (the quick start)."""
+    _, out = baselines
+    fedavg, fedntd = Results(out / "fedavg_quick.h5"), Results(out / "fedntd_quick.h5")
+    assert fedntd.attrs["num_classes"] == 2
+    for metric in SCORED:
+        assert np.array_equal(fedntd.metrics[metric], fedavg.metrics[metric], equal_nan=True), metric
+
+
+@pytest.mark.parametrize("dataset", ["quick", "pneumonia"])
+def test_fedrod_scores_its_personal_and_its_generic_model(baselines, dataset):
+    """The generic model (body and averaged head) is the same on every client after a round: its
+    scores agree across clients; the personal models (with each client's head) are each its own."""
+    if dataset == "pneumonia":
+        require_pneumonia()
+    ranks, out = baselines
+    res = Results(out / f"fedrod_{dataset}.h5")
+    for split in ("", "val_"):
+        acc = res.metrics[f"generic_{split}acc" if split else "generic_test_acc"]
+        assert acc.shape == (RUN_ROUNDS, ranks) and np.isfinite(acc).all()
+        assert (acc == acc[:, :1]).all(), split  # one generic model
+        assert np.isfinite(res.metrics[f"generic_{split}personal_acc"]).all()
+    assert not np.array_equal(res.metrics["generic_recall"], res.metrics["recall"])  # the personal heads act
+    assert "generic_test_acc" not in Results(out / "fedavg_quick.h5").metrics
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)

@@ -35,4 +35,6 @@ PAYLOAD_VARIANTS = {
     "fedproto_exact": {"name": "fedproto", "reduction": "exact"},
     "fedlc": {"name": "fedlc"},
     "fedrs": {"name": "fedrs"},
+    "fedntd": {"name": "fedntd"},
+    "fedrod": {"name": "fedrod"},
 }

@@ -12,7 +12,7 @@ from mpicd.cli import main
 # three with half the clients taking part in each round.
 # Those that sum their clients' contributions with reduction: exact (the same bits on every
 # layout), and FedAvg also with today's float32 Allreduce (reduction: mpi).
-SUMMING = ("fedavg", "fedproto", "feddistill", "fedlc", "fedrs")
+SUMMING = ("fedavg", "fedproto", "feddistill", "fedlc", "fedrs", "fedntd", "fedrod")
 VARIANTS = {
     name: [f"algorithm={{name: {name}" + (", reduction: exact}" if name in SUMMING else "}")] for name in REGISTRY
 }
@@ -20,6 +20,17 @@ VARIANTS["codistill_all"] = ["algorithm={name: codistill, classes: all, share: l
 for name in ("local", "fedavg", "codistill"):
     VARIANTS[f"{name}_half"] = [*VARIANTS[name], "participation=0.5"]
 VARIANTS["fedavg_mpi"] = ["algorithm={name: fedavg, reduction: mpi}"]
+# Methods that act only from three classes on (FedNTD is FedAvg on two), on RetinaMNIST's five grades
+# (the official file; 10 training images of each grade per client, batches of 8 so that a round has
+# several steps and FedNTD's term acts; the MLP on its pixels).
+RETINA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "retinamnist.npz"
+FIVE_CLASSES = [
+    "data={name: medmnist, path: " + str(RETINA) + ", images_per_class: 10, skew: 0.6}",
+    "train.batch_size=8",
+]
+if RETINA.exists():
+    for name in ("fedavg", "fedntd", "fedrod"):
+        VARIANTS[f"{name}_5class"] = [*VARIANTS[name], *FIVE_CLASSES]
 
 if __name__ == "__main__":
     out, rounds, extra = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]

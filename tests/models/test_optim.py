@@ -120,8 +120,8 @@ def test_loaded_state_is_a_copy():
 
 def test_make_optimizer_follows_the_config():
     model = _model()
-    adam = make_optimizer(model, TrainConfig(optimizer="adam", lr=0.01, weight_decay=0.1))
-    sgd = make_optimizer(model, TrainConfig(optimizer="sgd", lr=0.2, momentum=0.3))
+    adam = make_optimizer(list(model.parameters()), TrainConfig(optimizer="adam", lr=0.01, weight_decay=0.1))
+    sgd = make_optimizer(list(model.parameters()), TrainConfig(optimizer="sgd", lr=0.2, momentum=0.3))
     assert isinstance(adam, optim.Adam) and adam.hyper["lr"] == 0.01 and adam.hyper["weight_decay"] == 0.1
     assert isinstance(sgd, optim.SGD) and (sgd.hyper["lr"], sgd.hyper["momentum"]) == (0.2, 0.3)
 

@@ -23,13 +23,16 @@ from mpicd.mpi.assignment import assign
 from mpicd.results import verify
 from mpicd.results.reader import Results
 
-from conftest import DRIVERS, QUICKSTART, mpiexec
+from conftest import DRIVERS, QUICKSTART, RETINA, mpiexec
 from same_results import compared, differences
 
 LAYOUTS = (1, 2, 3, 6)
 ROUNDS = 2
 ROUNDING = {"fedavg_mpi"}  # reduction: mpi (float32 Allreduce)
 VARIANTS = [*REGISTRY, "codistill_all", "local_half", "fedavg_half", "codistill_half", "fedavg_mpi"]
+FIVE_CLASSES = ["fedavg_5class", "fedntd_5class", "fedrod_5class"]  # RetinaMNIST's grades (drivers/layouts.py)
+if RETINA.exists():
+    VARIANTS += FIVE_CLASSES
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +86,18 @@ def test_every_file_verifies_and_mpi_bytes_per_rank_are_the_declared_ones(layout
                 got = {k: (int(sent[r, mine[0], i]), int(recv[r, mine[0], i])) for i, k in enumerate(kinds)}
                 assert got == {k: tuple(declared[k]) for k in kinds}, (variant, ranks, r, rank)
                 assert not sent[r, mine[1:]].any() and not recv[r, mine[1:]].any()
+
+
+def test_from_three_classes_on_fedntd_distils_and_fedrod_personalises(layouts):
+    """Where the five-class variants ran: FedNTD's term is on (it is 0 with two classes) and trains
+    something else than FedAvg; FedRoD's personal models differ from its generic one."""
+    if not RETINA.exists():
+        pytest.skip(f"real data absent: {RETINA}")
+    fedavg, fedntd, fedrod = (Results(layouts[6] / f"{v}.h5") for v in FIVE_CLASSES)
+    assert int(fedntd.attrs["num_classes"]) == 5
+    assert (fedntd.metrics["train_extra"] > 1e-4).all()
+    assert not np.array_equal(fedntd.metrics["train_ce"], fedavg.metrics["train_ce"])
+    assert not np.array_equal(fedrod.metrics["recall"], fedrod.metrics["generic_recall"])
 
 
 def test_the_assignment_is_recorded_and_balanced(layouts):

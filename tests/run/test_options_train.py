@@ -212,7 +212,7 @@ def test_reset_state_is_a_fresh_optimizers_state_dict():
     c.local_epochs(0)
     assert c.optimizer.state_dict()["state"]  # Adam's moments after a round
     c.optimizer.reset()
-    fresh = make_optimizer(c.model, c.plan.config.train).state_dict()
+    fresh = make_optimizer(list(c.model.parameters()), c.plan.config.train).state_dict()
     assert c.optimizer.state_dict() == fresh and fresh["state"] == {}
 
 
