@@ -32,7 +32,10 @@ from mpicd.mpi import launch  # noqa: E402
 REAL_DATA = ROOT.parent / "shared" / "data" / "pneumoniamnist.npz"
 CONFIG = ROOT / "configs" / "pneumoniamnist.yaml"
 MODELS = ("lenet", "resnet18")
-ALGORITHMS = ("codistill", "local", "centralized", "fedavg", "fedproto", "feddistill", "fedamp", "fedlc", "fedrs")
+ALGORITHMS = (
+    "codistill", "local", "centralized", "fedavg", "fedproto", "feddistill", "fedamp", "fedlc", "fedrs", "fedntd",
+    "fedrod", "ccvr",
+)  # fmt: skip
 # 20 + 8 images per client (skew 0.6): one batch, never a batch of one (BatchNorm needs two)
 OVERRIDES = ["rounds=1", "data.images_per_class=20", "device=cpu"]
 
@@ -80,10 +83,16 @@ def expected(res, sizes) -> tuple[np.ndarray, np.ndarray, str]:
     want = np.zeros((2, rounds, ranks, len(res.kinds)), dtype=np.int64)
     for r in range(rounds):
         for rank in range(ranks):
-            counts = cls.bytes_per_round(sizes, params, students=int((res.teacher[r] == rank).sum()))
+            students = int((res.teacher[r] == rank).sum())
+            counts = cls.bytes_per_round(sizes, params, students=students, last=r == int(res.attrs["rounds"]) - 1)
             want[:, r, rank] = np.array([counts[kind] for kind in res.kinds]).T
-    payload = cls.payload_for(params)
-    text = f"{payload.sent} / {payload.recv}" if payload else "0"
+    text = (
+        " + ".join(
+            f"{p.sent} / {p.recv}" + (" (last round)" if p.rounds == "last" else "")
+            for p in cls.payloads_for(params, True)
+        )
+        or "0"
+    )
     return want[0], want[1], text
 
 

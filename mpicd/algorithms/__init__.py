@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mpicd.algorithms.base import Algorithm, Batch, Context, Payload, Sizes
+from mpicd.algorithms.ccvr import CCVR
 from mpicd.algorithms.centralized import Centralized
 from mpicd.algorithms.codistill import CoDistillation
 from mpicd.algorithms.fedamp import FedAMP
@@ -27,6 +28,7 @@ REGISTRY: dict[str, type[Algorithm]] = {
     FedRS.name: FedRS,
     FedNTD.name: FedNTD,
     FedRoD.name: FedRoD,
+    CCVR.name: CCVR,
     Centralized.name: Centralized,
 }
 
@@ -63,6 +65,8 @@ def payload_table() -> str:
             options = ", ".join(f"`{key}: {value}`" for key, value in p.when) or "–"
             if p.when and p.applies(cls.Params()):
                 options += " (default)"
+            if p.rounds == "last":
+                options += "; **the last round only**, on top of the every-round row of the same options"
             lines.append(
                 f"| `{name}` | {options} | {p.what} | {p.shape} | {MPI_OPERATIONS[p.kind]} (`{p.kind}`) | "
                 f"{p.sent.replace('*', '·')} | {p.recv.replace('*', '·')} |"

@@ -118,6 +118,9 @@ def _evaluate(node: ast.AST, names: dict) -> int:
     raise ValueError(f"payload formula: unsupported {ast.dump(node)}")
 
 
+ROUNDS = ("every", "last")  # when a payload crosses: every round, or the last round only
+
+
 @dataclass(frozen=True)
 class Payload:
     """What one rank sends each round under some options: the single declaration that the docs' payload
@@ -131,7 +134,9 @@ class Payload:
     teachers with a student there) and U the rows it receives (the teachers on other ranks of its
     clients); empty: the same as ``sent`` / ``recv`` (a rank sums its clients' contributions).
     With K = 1, T = S and U = 1 they are ``sent`` / ``recv``. ``when``: the option values under
-    which it applies (empty: always).
+    which it applies (empty: always). ``rounds``: ``every`` round (at most one such payload applies
+    to any options), or the ``last`` round only, on top of the every-round one (bytes of one kind
+    add up).
     """
 
     kind: str  # one of mpicd.mpi.accounting.KINDS
@@ -143,10 +148,13 @@ class Payload:
     rank_sent: str = ""
     rank_recv: str = ""
     dtypes: tuple[str, ...] = ("float32",)  # what its buffers may be (mpicd.mpi.channels: others are refused)
+    rounds: str = "every"  # "every" round, or only the "last" (CCVR's statistics, next to its every-round payload)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"payload kind {self.kind!r} is not one of {KINDS}")
+        if self.rounds not in ROUNDS:
+            raise ValueError(f"payload rounds {self.rounds!r} is not one of {ROUNDS}")
         self.bytes(Sizes(1, 1, 1, 1, 1), 1)  # a malformed formula fails at import
         self.rank_bytes(Sizes(1, 1, 1, 1, 1), 1, 1, 1)
 
@@ -205,33 +213,50 @@ class Algorithm:
 
     @classmethod
     def payload_for(cls, params) -> Payload | None:
-        """The declared payload that ``params`` select (None: nothing leaves the rank)."""
-        chosen = [p for p in cls.payloads if p.applies(params)]
+        """The declared every-round payload that ``params`` select (None: nothing leaves the rank)."""
+        chosen = [p for p in cls.payloads if p.applies(params) and p.rounds == "every"]
         if len(chosen) > 1:
             raise RuntimeError(f"{cls.name}: {len(chosen)} payloads apply to {params}")
         return chosen[0] if chosen else None
 
     @classmethod
-    def bytes_per_round(cls, sizes: Sizes, params, students: int = 0) -> dict[str, tuple[int, int]]:
+    def payloads_for(cls, params, last: bool = False) -> list[Payload]:
+        """Every declared payload that ``params`` select in a round: the every-round one, and in the
+        run's ``last`` round also those declared for it alone."""
+        every = cls.payload_for(params)
+        return [
+            *([every] if every else []),
+            *(p for p in cls.payloads if p.rounds == "last" and last and p.applies(params)),
+        ]
+
+    @classmethod
+    def bytes_per_round(cls, sizes: Sizes, params, students: int = 0, last: bool = False) -> dict[str, tuple[int, int]]:
         """This rank's (sent, received) bytes in one round for every kind of :data:`mpicd.mpi.accounting.KINDS`;
-        ``students``: how many clients this rank teaches in the round (co-distillation)."""
+        ``students``: how many clients this rank teaches in the round (co-distillation); ``last``: the
+        run's last round (:attr:`Payload.rounds`)."""
         counts = dict.fromkeys(KINDS, (0, 0))
-        payload = cls.payload_for(params)
-        if payload is not None:
-            counts[payload.kind] = payload.bytes(sizes, students)
+        for payload in cls.payloads_for(params, last):
+            sent, recv = payload.bytes(sizes, students)
+            counts[payload.kind] = (counts[payload.kind][0] + sent, counts[payload.kind][1] + recv)
         return counts
 
     @classmethod
     def rank_bytes_per_round(
-        cls, sizes: Sizes, params, clients: int, rows_sent: int = 0, rows_recv: int = 0
+        cls, sizes: Sizes, params, clients: int, rows_sent: int = 0, rows_recv: int = 0, last: bool = False
     ) -> dict[str, tuple[int, int]]:
         """What crosses MPI from a rank holding ``clients`` clients in one round, per kind (see
-        :class:`Payload`: K, T, U)."""
+        :class:`Payload`: K, T, U; ``last`` as :meth:`bytes_per_round`)."""
         counts = dict.fromkeys(KINDS, (0, 0))
-        payload = cls.payload_for(params)
-        if payload is not None:
-            counts[payload.kind] = payload.rank_bytes(sizes, clients, rows_sent, rows_recv)
+        for payload in cls.payloads_for(params, last):
+            sent, recv = payload.rank_bytes(sizes, clients, rows_sent, rows_recv)
+            counts[payload.kind] = (counts[payload.kind][0] + sent, counts[payload.kind][1] + recv)
         return counts
+
+    @classmethod
+    def release_attrs(cls, settings) -> dict:
+        """Results-file attributes describing a private release besides the default ones
+        (mpicd.run.metadata; ``settings``: mpicd.privacy.budget.Settings). Default: none."""
+        return {}
 
     def before_epoch(self, round_index: int) -> None:
         """Exchange what the coming epoch needs (co-distillation's representations): the hook of a

@@ -161,15 +161,15 @@ class CoDistillation(Algorithm):
     )
 
     @classmethod
-    def bytes_per_round(cls, sizes: Sizes, params, students: int = 0) -> dict[str, tuple[int, int]]:
-        counts = super().bytes_per_round(sizes, params, students)
+    def bytes_per_round(cls, sizes: Sizes, params, students: int = 0, last: bool = False) -> dict[str, tuple[int, int]]:
+        counts = super().bytes_per_round(sizes, params, students, last)
         return counts if sizes.N > 1 else {kind: (0, 0) for kind in counts}  # one client: no peer
 
     @classmethod
     def rank_bytes_per_round(
-        cls, sizes: Sizes, params, clients: int, rows_sent: int = 0, rows_recv: int = 0
+        cls, sizes: Sizes, params, clients: int, rows_sent: int = 0, rows_recv: int = 0, last: bool = False
     ) -> dict[str, tuple[int, int]]:
-        counts = super().rank_bytes_per_round(sizes, params, clients, rows_sent, rows_recv)
+        counts = super().rank_bytes_per_round(sizes, params, clients, rows_sent, rows_recv, last)
         return counts if sizes.N > 1 else {kind: (0, 0) for kind in counts}
 
     @staticmethod

@@ -46,8 +46,9 @@ HOLDOUT = 7  # a stratified held-out test split (), seeded by split_seed
 VAL = 8  # a stratified validation split (), seeded by split_seed
 PRIVACY = 9  # differential privacy: a release's Poisson sample and noise, DP-SGD, the audit (client, round, use)
 PARTICIPATION = 10  # participation < 1: the round's sample of participating clients (round,)
+CALIBRATION = 11  # CCVR: the virtual features and their minibatch order, the same on every client (round,)
 PURPOSES = frozenset(
-    {INIT, SHUFFLE, K_SUBSET, TEACHERS, PARTITION, BATCH_TEACHERS, HOLDOUT, VAL, PRIVACY, PARTICIPATION}
+    {INIT, SHUFFLE, K_SUBSET, TEACHERS, PARTITION, BATCH_TEACHERS, HOLDOUT, VAL, PRIVACY, PARTICIPATION, CALIBRATION}
 )
 
 KEY_WORDS = 3

@@ -92,12 +92,15 @@ CHANNELS: dict[str, Channel] = {
 
 
 def payload_channel(algorithm, params) -> Channel:
-    """The payload channel narrowed to what ``algorithm`` declares under ``params``: the operation
-    of its payload and its dtypes (none: an algorithm that sends nothing may not use it)."""
-    payload = algorithm.payload_for(params) if algorithm.payloads else None
-    if payload is None:
+    """The payload channel narrowed to what ``algorithm`` declares under ``params``: the operations
+    of its payloads and their dtypes, the last round's included (none: an algorithm that sends
+    nothing may not use it)."""
+    payloads = algorithm.payloads_for(params, last=True) if algorithm.payloads else []
+    if not payloads:
         return Channel("payload", "payload", (), (), "peers", f"{algorithm.name} sends nothing")
-    return Channel("payload", "payload", payload.dtypes, (payload.kind,), "peers", payload.what)
+    dtypes = tuple(dict.fromkeys(d for p in payloads for d in p.dtypes))
+    kinds = tuple(dict.fromkeys(p.kind for p in payloads))
+    return Channel("payload", "payload", dtypes, kinds, "peers", "; ".join(p.what for p in payloads))
 
 
 def table() -> str:

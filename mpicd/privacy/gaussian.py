@@ -32,11 +32,14 @@ def noise_std(clip: float, sigma: float) -> float:
     return check_multiplier(sigma) * check_bound(clip)
 
 
-def release_multiplier(sigma: float, noised_counts: bool) -> float:
+def release_multiplier(sigma: float, noised_counts: bool, blocks: int = 1) -> float:
     """The noise multiplier of a whole release for the accountant: sigma for noised sums alone
-    (public counts or a public denominator), sigma / sqrt(2) for noised sums plus noised counts."""
+    (public counts or a public denominator), sigma / sqrt(2) for noised sums plus noised counts.
+    ``blocks``: blocks of sums, each noised at sigma times its own L2 sensitivity (CCVR's feature sums
+    and sums of outer products: 2), so the stacked release has sensitivity sqrt(blocks + counts) at
+    std sigma: multiplier sigma / sqrt(blocks + noised_counts)."""
     sigma = check_multiplier(sigma)
-    return sigma / math.sqrt(2.0) if noised_counts else sigma
+    return sigma / math.sqrt(blocks + int(bool(noised_counts)))
 
 
 def gaussian_sum(rows, *, clip: float, sigma: float, generator: np.random.Generator) -> np.ndarray:

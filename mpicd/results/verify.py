@@ -16,7 +16,8 @@ Checked, from the file alone:
 * bytes: per round and rank, the totals equal the sums over kinds, and each kind equals the
   algorithm's declared payload (its sizes, ``payload_sizes``, agreeing with the file's own
   ``num_parameters``, ``feature_dim``, ``num_classes`` and ``clients``; ``Algorithm.payloads``;
-  co-distillation's students read from ``/comm/teacher``; in a round where an update was skipped
+  co-distillation's students read from ``/comm/teacher``; the run's last round with the payloads
+  declared for it alone, ``Payload.rounds``, CCVR's statistics; in a round where an update was skipped
   or a privacy budget stopped a client (``/metrics/privacy_stopped``), at most the declared bytes);
 * MPI bytes: per round and rank, ``/comm/bytes_mpi_*`` equal the rank-level declaration
   (``Payload.rank_sent``, the layout from the attr ``client_rank``; files never resumed);
@@ -98,8 +99,8 @@ def verify(path: str | Path) -> Verdict:
         verdict.problems.append(f"completed_rounds is {done}, more than the run's {rounds} rounds")
     _metrics(verdict, res, config, rounds, done)
     _past_the_end(verdict, path, done)
-    _bytes(verdict, res, config, attrs, clients, done)
-    _mpi_bytes(verdict, res.path, config, attrs, done)
+    _bytes(verdict, res, config, attrs, clients, done, rounds)
+    _mpi_bytes(verdict, res.path, config, attrs, done, rounds)
     _channels(verdict, res, attrs, rounds, done)
     teacher = res.teacher
     own = np.arange(teacher.shape[1])[None, :] if teacher.size else teacher
@@ -228,7 +229,7 @@ def _past_the_end(verdict: Verdict, path, done: int) -> None:
                     )
 
 
-def _bytes(verdict: Verdict, res, config: dict, attrs: dict, clients: int, done: int) -> None:
+def _bytes(verdict: Verdict, res, config: dict, attrs: dict, clients: int, done: int, rounds: int) -> None:
     from mpicd.algorithms import resolve, Sizes
     from mpicd.config.sections import ConfigError
 
@@ -260,7 +261,7 @@ def _bytes(verdict: Verdict, res, config: dict, attrs: dict, clients: int, done:
         relaxed = skipped is not None and bool(skipped[r].any()) or spent is not None and bool(spent[r].any())
         for c in range(clients):
             students = int((res.teacher[r] == c).sum())
-            declared = cls.bytes_per_round(sizes, params, students)  # N = 1 handled by each algorithm
+            declared = cls.bytes_per_round(sizes, params, students, last=r == rounds - 1)  # N = 1: each algorithm
             if taking is not None and taking[r, c] == 0:  # sat the round out: sent and received nothing
                 declared = {}
             for k, kind in enumerate(res.kinds):
@@ -273,7 +274,7 @@ def _bytes(verdict: Verdict, res, config: dict, attrs: dict, clients: int, done:
         verdict.problems.append(f"bytes of kind {what} differ in rounds {_rounds_text(sorted(set(rows)))}")
 
 
-def _mpi_bytes(verdict: Verdict, path: Path, config: dict, attrs: dict, done: int) -> None:
+def _mpi_bytes(verdict: Verdict, path: Path, config: dict, attrs: dict, done: int, rounds: int) -> None:
     """What crossed MPI per rank (``/comm/bytes_mpi_*``, on each rank's first client, 0 on its
     others) against the algorithm's rank-level declaration (``Payload.rank_sent``), with the
     layout of the attr ``client_rank``. Only for the job that wrote the rows: a file resumed on
@@ -310,7 +311,7 @@ def _mpi_bytes(verdict: Verdict, path: Path, config: dict, attrs: dict, done: in
         for rank in range(int(owner.max()) + 1):
             mine = np.flatnonzero(owner == rank)
             rows = CoDistillation.rows_per_rank(teachers[r], owner, rank) if p2p else (0, 0)
-            declared = cls.rank_bytes_per_round(sizes, params, len(mine), *rows)
+            declared = cls.rank_bytes_per_round(sizes, params, len(mine), *rows, last=r == rounds - 1)
             for i, kind in enumerate(kinds):
                 got = (int(sent[r, mine[0], i]), int(recv[r, mine[0], i]))
                 want = tuple(declared.get(kind, (0, 0)))

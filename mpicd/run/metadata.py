@@ -86,6 +86,7 @@ def privacy_attrs(plan: Plan) -> dict:
         "the zero-out adjacency's for these releases: mpicd.privacy)",
         "privacy_adjacency": ADJACENCY,
         "privacy_noise": NOISE_ATTR[s.noise],
+        **plan.algorithm_cls.release_attrs(s),  # a further release's own (CCVR's statistics)
     }
 
 

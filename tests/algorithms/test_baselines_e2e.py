@@ -24,7 +24,7 @@ from drivers.driver_settings import RUN_ROUNDS
 
 ALGORITHMS = (
     "codistill", "local", "fedavg", "fedproto", "feddistill", "fedamp", "centralized", "fedlc", "fedrs", "fedntd",
-    "fedrod",
+    "fedrod", "ccvr",
 )  # fmt: skip
 
 
@@ -37,6 +37,7 @@ def expected_bytes(name: str, res: Results) -> tuple[str | None, int, int]:
         "fedrs": ("allreduce", 4 * (p + 1), 4 * (p + 1)),
         "fedntd": ("allreduce", 4 * (p + 1), 4 * (p + 1)),
         "fedrod": ("allreduce", 4 * (p + 1), 4 * (p + 1)),  # body and generic head; the personal head stays
+        "ccvr": ("allreduce", 4 * (p + 1), 4 * (p + 1)),  # and its statistics in the last round (last_round_bytes)
         "fedproto": ("allreduce", 4 * c * (d + 1), 4 * c * (d + 1)),
         "feddistill": ("allreduce", 4 * c * (c + 1), 4 * c * (c + 1)),
         "fedamp": ("allgather", 4 * p, 4 * n * p),
@@ -45,19 +46,31 @@ def expected_bytes(name: str, res: Results) -> tuple[str | None, int, int]:
     }[name]
 
 
+def last_round_bytes(name: str, res: Results) -> int:
+    """What a method sends (and receives) in the run's last round on top of every round's: CCVR's
+    [per-class feature sums ; upper triangle of their outer products ; counts], float32."""
+    d, c = int(res.attrs["feature_dim"]), int(res.attrs["num_classes"])
+    return 4 * (c * d + c * d * (d + 1) // 2 + c) if name == "ccvr" else 0
+
+
 def check_bytes(name: str, res: Results, ranks: int) -> None:
     kind, sent, recv = expected_bytes(name, res)
     assert res.completed_rounds == RUN_ROUNDS
-    assert np.array_equal(res.metrics["bytes_sent"], np.full((RUN_ROUNDS, ranks), sent)), name
-    assert np.array_equal(res.metrics["bytes_recv"], np.full((RUN_ROUNDS, ranks), recv)), name
+    extra = np.zeros((RUN_ROUNDS, ranks), dtype=np.int64)
+    extra[-1] = last_round_bytes(name, res)
+    assert np.array_equal(res.metrics["bytes_sent"], sent + extra), name
+    assert np.array_equal(res.metrics["bytes_recv"], recv + extra), name
     for k, kind_name in enumerate(res.kinds):
         if kind_name != kind:
             assert not res.bytes_sent_by_kind[:, :, k].any() and not res.bytes_recv_by_kind[:, :, k].any(), name
         else:
-            assert (res.bytes_sent_by_kind[:, :, k] == sent).all() and (res.bytes_recv_by_kind[:, :, k] == recv).all()
+            assert (res.bytes_sent_by_kind[:, :, k] == sent + extra).all(), name
+            assert (res.bytes_recv_by_kind[:, :, k] == recv + extra).all(), name
 
 
-BASELINES = ("fedavg", "fedproto", "feddistill", "fedamp", "local", "centralized", "fedlc", "fedrs", "fedntd", "fedrod")
+BASELINES = (
+    "fedavg", "fedproto", "feddistill", "fedamp", "local", "centralized", "fedlc", "fedrs", "fedntd", "fedrod", "ccvr",
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("name", BASELINES)
@@ -112,6 +125,18 @@ def test_the_neutral_setting_is_fedavg_bit_for_bit_and_the_default_is_not(baseli
     for metric in SCORED:
         assert np.array_equal(same.metrics[metric], fedavg.metrics[metric], equal_nan=True), (name, metric)
     assert not np.array_equal(default.metrics["train_ce"], fedavg.metrics["train_ce"]), name
+
+
+@pytest.mark.parametrize("dataset", ["quick", "pneumonia"])
+def test_ccvr_is_fedavg_until_its_last_rounds_recalibration(baselines, dataset):
+    if dataset == "pneumonia":
+        require_pneumonia()
+    _, out = baselines
+    fedavg, ccvr = Results(out / f"fedavg_{dataset}.h5"), Results(out / f"ccvr_{dataset}.h5")
+    np.testing.assert_array_equal(ccvr.metrics["train_loss"], fedavg.metrics["train_loss"])
+    for metric in ("recall", "test_acc", "val_minority_acc"):
+        np.testing.assert_array_equal(ccvr.metrics[metric][:-1], fedavg.metrics[metric][:-1], err_msg=metric)
+    assert (ccvr.metrics["test_acc"][-1] == ccvr.metrics["test_acc"][-1, 0]).all()  # one recalibrated model
 
 
 def test_fedntd_on_two_classes_is_fedavg_bit_for_bit(baselines):

@@ -54,6 +54,18 @@ def only(kind: str | None, sent: int = 0, recv: int = 0) -> dict:
     return counts
 
 
+def test_ccvr_adds_its_statistics_in_the_last_round_only():
+    # [S ; upper(Q) ; n]: 2 * 200 + 2 * 200 * 201 / 2 + 2 = 40,602 float32 = 162,408 bytes; exact: 8 + 8 * 40,602
+    last = REGISTRY["ccvr"].bytes_per_round(LENET, params("ccvr"), last=True)
+    assert last == only("allreduce", 178_300 + 162_408, 178_300 + 162_408)
+    exact = REGISTRY["ccvr"].bytes_per_round(LENET, params("ccvr", reduction="exact"), last=True)
+    assert exact == only("allreduce", 356_608 + 324_824, 356_608 + 324_824)
+    for name in REGISTRY:  # no other method declares a last-round payload
+        if name != "ccvr":
+            p = resolve({"name": name})[1]
+            assert REGISTRY[name].bytes_per_round(LENET, p, 1, last=True) == REGISTRY[name].bytes_per_round(LENET, p, 1)
+
+
 def test_hand_derived_sizes_are_the_models():
     assert LENET_P == 44_574 and RESNET18_P == 11_171_266 and RESNET18_B == 9_600
     assert Sizes.of(build_model("lenet", (1, 28, 28), 2, 200, 64), 4) == LENET
@@ -92,6 +104,7 @@ def test_hand_derived_sizes_are_the_models():
         ("fedamp", {"exchange": "ring"}, 0, only("p2p", 534_888, 534_888)),  # 3 steps of 4 P
         ("local", {}, 0, only(None)),
         ("centralized", {}, 0, only(None)),
+        ("ccvr", {}, 0, only("allreduce", 178_300, 178_300)),  # FedAvg's, but in the last round
     ],
 )
 def test_bytes_per_round_lenet(name, options, students, expected):
@@ -188,7 +201,7 @@ def test_ledger_equals_the_declared_bytes_every_round_and_rank(job, label):
     for r in range(res.completed_rounds):
         for rank in range(RANKS):
             students = int((res.teacher[r] == rank).sum())
-            want = cls.bytes_per_round(sizes, p, students)
+            want = cls.bytes_per_round(sizes, p, students, last=r == int(res.attrs["rounds"]) - 1)
             for k, kind in enumerate(res.kinds):  # every kind: those the table does not list are 0
                 got = (int(res.bytes_sent_by_kind[r, rank, k]), int(res.bytes_recv_by_kind[r, rank, k]))
                 assert got == want[kind], (label, r, rank, kind)
@@ -229,7 +242,9 @@ def test_no_pixel_value_is_in_any_buffer_that_crossed_mpi(job, label):
         # and outside rounds), and nothing of the communicator was used but its rank and size
         for kind in KINDS:
             assert seen["rounds_sent"][kind] == sum(
-                cls.bytes_per_round(sizes, p, int((res.teacher[r] == rank).sum()))[kind][0]
+                cls.bytes_per_round(
+                    sizes, p, int((res.teacher[r] == rank).sum()), last=r == int(res.attrs["rounds"]) - 1
+                )[kind][0]
                 for r in range(res.completed_rounds)
             ), (label, rank, kind)
         assert seen["recorded_sent"] == seen["ledger_sent"], (label, rank)

@@ -161,6 +161,7 @@ STREAMS = {
     # mpicd/privacy/streams.py with privacy.noise: seeded (releases, DP-SGD; audit: trial, neighbour, use)
     ("rng", seeds.PRIVACY, ("rank", "round", "use")),
     ("rng", seeds.PARTICIPATION, ("round",)),
+    ("rng", seeds.CALIBRATION, ("round",)),  # CCVR's virtual features, the same on every client
 }
 
 
@@ -184,7 +185,7 @@ def test_every_stream_of_a_run_is_distinct(seed, split_seed):
             numpy_states.append(state(seeds.rng(s, purpose, *key)))
         else:
             torch_seeds.append(seeds.torch_seed(s, purpose, *key))
-    assert len(numpy_states) == 1 + 1 + 1 + 16 * 40 * 3 + 40 + 40 * 16 + 16 * 40 * 8 + 16 * 40 * PRIVACY_USES + 40
+    assert len(numpy_states) == 1 + 1 + 1 + 16 * 40 * 3 + 40 + 40 * 16 + 16 * 40 * 8 + 16 * 40 * PRIVACY_USES + 40 + 40
     assert len(set(numpy_states)) == len(numpy_states)
     assert len(torch_seeds) == 1
     # torch's CPU generator keeps the low 32 bits of a seed: those must differ too

@@ -37,4 +37,6 @@ PAYLOAD_VARIANTS = {
     "fedrs": {"name": "fedrs"},
     "fedntd": {"name": "fedntd"},
     "fedrod": {"name": "fedrod"},
+    "ccvr": {"name": "ccvr"},
+    "ccvr_exact": {"name": "ccvr", "reduction": "exact"},
 }

@@ -12,7 +12,7 @@ from mpicd.cli import main
 # three with half the clients taking part in each round.
 # Those that sum their clients' contributions with reduction: exact (the same bits on every
 # layout), and FedAvg also with today's float32 Allreduce (reduction: mpi).
-SUMMING = ("fedavg", "fedproto", "feddistill", "fedlc", "fedrs", "fedntd", "fedrod")
+SUMMING = ("fedavg", "fedproto", "feddistill", "fedlc", "fedrs", "fedntd", "fedrod", "ccvr")
 VARIANTS = {
     name: [f"algorithm={{name: {name}" + (", reduction: exact}" if name in SUMMING else "}")] for name in REGISTRY
 }
@@ -29,7 +29,7 @@ FIVE_CLASSES = [
     "train.batch_size=8",
 ]
 if RETINA.exists():
-    for name in ("fedavg", "fedntd", "fedrod"):
+    for name in ("fedavg", "fedntd", "fedrod", "ccvr"):
         VARIANTS[f"{name}_5class"] = [*VARIANTS[name], *FIVE_CLASSES]
 
 if __name__ == "__main__":

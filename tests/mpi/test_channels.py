@@ -66,6 +66,8 @@ def test_the_classes_are_protocol_or_instrumentation_and_the_writers_channels_re
         ({"name": "fedproto", "reduction": "exact"}, ("float64", "int64"), ("allreduce",)),
         ({"name": "feddistill", "reduction": "exact"}, ("float64", "int64"), ("allreduce",)),
         ({"name": "fedamp", "exchange": "ring"}, ("float32",), ("p2p",)),
+        ({"name": "ccvr"}, ("float32",), ("allreduce",)),  # FedAvg's, and its statistics in the last round
+        ({"name": "ccvr", "reduction": "exact"}, ("float64", "int64"), ("allreduce",)),
         ({"name": "local"}, (), ()),
         ({"name": "centralized"}, (), ()),
     ],

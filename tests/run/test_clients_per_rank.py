@@ -30,7 +30,12 @@ LAYOUTS = (1, 2, 3, 6)
 ROUNDS = 2
 ROUNDING = {"fedavg_mpi"}  # reduction: mpi (float32 Allreduce)
 VARIANTS = [*REGISTRY, "codistill_all", "local_half", "fedavg_half", "codistill_half", "fedavg_mpi"]
-FIVE_CLASSES = ["fedavg_5class", "fedntd_5class", "fedrod_5class"]  # RetinaMNIST's grades (drivers/layouts.py)
+FIVE_CLASSES = [
+    "fedavg_5class",
+    "fedntd_5class",
+    "fedrod_5class",
+    "ccvr_5class",
+]  # RetinaMNIST's grades (drivers/layouts.py)
 if RETINA.exists():
     VARIANTS += FIVE_CLASSES
 
@@ -82,22 +87,28 @@ def test_every_file_verifies_and_mpi_bytes_per_rank_are_the_declared_ones(layout
                 rows = (0, 0)
                 if cls is CoDistillation and params.teacher_per == "round" and params.classes == "expertise":
                     rows = CoDistillation.rows_per_rank(teachers[r], owner, rank)
-                declared = cls.rank_bytes_per_round(sizes, params, len(mine), *rows)
+                declared = cls.rank_bytes_per_round(sizes, params, len(mine), *rows, last=r == ROUNDS - 1)
                 got = {k: (int(sent[r, mine[0], i]), int(recv[r, mine[0], i])) for i, k in enumerate(kinds)}
                 assert got == {k: tuple(declared[k]) for k in kinds}, (variant, ranks, r, rank)
                 assert not sent[r, mine[1:]].any() and not recv[r, mine[1:]].any()
 
 
-def test_from_three_classes_on_fedntd_distils_and_fedrod_personalises(layouts):
+def test_from_three_classes_on_fedntd_distils_fedrod_personalises_ccvr_recalibrates(layouts):
     """Where the five-class variants ran: FedNTD's term is on (it is 0 with two classes) and trains
-    something else than FedAvg; FedRoD's personal models differ from its generic one."""
+    something else than FedAvg; FedRoD's personal models differ from its generic one; CCVR is FedAvg
+    but for the last round's recalibrated head."""
     if not RETINA.exists():
         pytest.skip(f"real data absent: {RETINA}")
-    fedavg, fedntd, fedrod = (Results(layouts[6] / f"{v}.h5") for v in FIVE_CLASSES)
+    fedavg, fedntd, fedrod, ccvr = (Results(layouts[6] / f"{v}.h5") for v in FIVE_CLASSES)
     assert int(fedntd.attrs["num_classes"]) == 5
     assert (fedntd.metrics["train_extra"] > 1e-4).all()
     assert not np.array_equal(fedntd.metrics["train_ce"], fedavg.metrics["train_ce"])
     assert not np.array_equal(fedrod.metrics["recall"], fedrod.metrics["generic_recall"])
+    # CCVR is FedAvg until its last round's recalibration, which changes the evaluated model
+    for name in ("train_loss", "recall", "val_recall"):
+        np.testing.assert_array_equal(ccvr.metrics[name][:-1], fedavg.metrics[name][:-1], err_msg=name)
+    np.testing.assert_array_equal(ccvr.metrics["train_loss"], fedavg.metrics["train_loss"])
+    assert not np.array_equal(ccvr.metrics["val_recall"][-1], fedavg.metrics["val_recall"][-1])
 
 
 def test_the_assignment_is_recorded_and_balanced(layouts):
