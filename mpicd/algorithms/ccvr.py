@@ -2,8 +2,10 @@
 Learning with Non-IID Data"): FedAvg, then its classifier recalibrated on virtual features drawn from
 class Gaussians the clients' statistics describe.
 
-Every round is FedAvg's. After the last round's average, every client passes its training images
-through the global model's body once (eval mode) and contributes, for each class c, the sum S_c of
+Every round is FedAvg's. After the last round's average, every client that takes part in that round
+(all of them unless ``participation`` < 1, when the others' images are left out, as from the
+round's average) passes its training images through the global model's body once (eval mode) and
+contributes, for each class c, the sum S_c of
 its feature vectors, the sum Q_c of their outer products (its upper triangle: Q is symmetric) and its
 count n_c, to one Allreduce(SUM). From the sums every client forms the same class Gaussians
 
@@ -20,11 +22,14 @@ eigenvalues, from noise or rounding, set to 0) from one stream all clients deriv
 ``calibration_lr``, ``calibration_batch``, ``calibration_epochs`` passes in an order from the same
 stream (defaults FL-bench's: 200 per class, lr 0.01, batches of 32, one pass). Every client ends with
 the same recalibrated model, which is what is evaluated in the last round; the rounds before are
-FedAvg's, bit for bit.
+FedAvg's, bit for bit. "The same": each rank recalibrates from the same sums and the same stream, so
+the heads are equal bit for bit where the ranks' LAPACK/BLAS give the same bits for the same input
+(one machine: tested on 1, 2, 3 and 6 ranks); nodes of different CPUs may differ in the last bits.
 
 What crosses MPI: FedAvg's Allreduce every round; in the last round also ``[S (C D) ; upper(Q)
-(C D (D + 1) / 2) ; n (C)]``, float32 (int64 with ``reduction: exact``): ``2 C (D + 1) (D + 2)`` bytes
-each way (``Payload.rounds: last``), 162,408 for the LeNet's D = 200 and two classes.
+(C D (D + 1) / 2) ; n (C)]``, float64 (:func:`pack` says why; int64 with ``reduction: exact``):
+``4 C (D + 1) (D + 2)`` bytes each way (``Payload.rounds: last``), 324,816 for the LeNet's D = 200 and
+two classes (FedAvg's every round: 178,300).
 
 Privacy: the rounds' training is DP-SGD as FedAvg's; the statistics are one more release, in the last
 round, from the client's release stream: a Poisson sample at ``privacy.sample_rate`` (1 under
@@ -32,7 +37,11 @@ DP-SGD), each feature vector clipped to norm C, then N(0, (sigma C)^2) on every 
 (sigma C^2)^2) on every entry of upper(Q) and N(0, sigma^2) on every count (``counts: public``: q n_c
 exact). One record moves S by at most C, upper(Q) by at most ||x x^T||_F = ||x||^2 <= C^2 and its
 count by 1, so the release is one Gaussian mechanism of multiplier sigma / sqrt(3) (sigma / sqrt(2)
-with public counts), charged to the client's accountant like its DP-SGD steps.
+with public counts), charged to the client's accountant like its DP-SGD steps. The virtual features
+then come from the clipped features' distribution, while evaluation sees unclipped ones: with C below
+the features' norms (the LeNet's tanh features of D = 200 reach norm 14; privacy.clip's default is 1)
+the recalibrated head is fitted at another scale. And a class no client holds has a noised count of
+std sigma sqrt(K) over K clients, which may exceed 2: such a class draws virtual features from noise.
 """
 
 from __future__ import annotations
@@ -83,10 +92,12 @@ def class_moments(rows: np.ndarray, labels: np.ndarray, num_classes: int):
 
 
 def pack(sums: np.ndarray, outer: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """``[S (C D) ; upper(Q) (C D (D + 1) / 2) ; n (C)]``, float32: the last round's payload."""
+    """``[S (C D) ; upper(Q) (C D (D + 1) / 2) ; n (C)]``, float64: the last round's payload. Float64
+    because the covariance Q / N - mu mu^T cancels: for saturated features (tanh near +-1, a variance
+    of 1e-8 against second moments of 1) float32 sums leave no correct digit."""
     i, j = upper(sums.shape[1])
     return np.ascontiguousarray(
-        np.concatenate([sums.reshape(-1), outer[:, i, j].reshape(-1), counts]), dtype=np.float32
+        np.concatenate([sums.reshape(-1), outer[:, i, j].reshape(-1), counts]), dtype=np.float64
     )
 
 
@@ -168,12 +179,12 @@ class CCVR(FedAvg):
             Payload(
                 "allreduce",
                 "[per-class sums of its eval-mode features ; of their outer products, upper triangle ; per-class "
-                "counts]" + ("" if reduction == "mpi" else ", after the largest magnitude (float64), as int64"),
+                "counts], float64" + ("" if reduction == "mpi" else ", after the largest magnitude, as int64"),
                 "(C D + C D (D + 1) / 2 + C,)" if reduction == "mpi" else "(1,) + (C D + C D (D + 1) / 2 + C,)",
-                sent="2*C*(D+1)*(D+2)" if reduction == "mpi" else "8+4*C*(D+1)*(D+2)",
-                recv="2*C*(D+1)*(D+2)" if reduction == "mpi" else "8+4*C*(D+1)*(D+2)",
+                sent="4*C*(D+1)*(D+2)" if reduction == "mpi" else "8+4*C*(D+1)*(D+2)",
+                recv="4*C*(D+1)*(D+2)" if reduction == "mpi" else "8+4*C*(D+1)*(D+2)",
                 when=(("reduction", reduction),),
-                dtypes=("float32",) if reduction == "mpi" else ("float64", "int64"),
+                dtypes=("float64",) if reduction == "mpi" else ("float64", "int64"),
                 rounds="last",
             )
             for reduction in ("mpi", "exact")

@@ -48,9 +48,9 @@ def expected_bytes(name: str, res: Results) -> tuple[str | None, int, int]:
 
 def last_round_bytes(name: str, res: Results) -> int:
     """What a method sends (and receives) in the run's last round on top of every round's: CCVR's
-    [per-class feature sums ; upper triangle of their outer products ; counts], float32."""
+    [per-class feature sums ; upper triangle of their outer products ; counts], float64."""
     d, c = int(res.attrs["feature_dim"]), int(res.attrs["num_classes"])
-    return 4 * (c * d + c * d * (d + 1) // 2 + c) if name == "ccvr" else 0
+    return 8 * (c * d + c * d * (d + 1) // 2 + c) if name == "ccvr" else 0
 
 
 def check_bytes(name: str, res: Results, ranks: int) -> None:

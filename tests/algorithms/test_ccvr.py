@@ -15,6 +15,7 @@ By hand (one-dimensional features):
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 
 from mpicd.algorithms import REGISTRY, Sizes, resolve
+from mpicd.algorithms.fedavg import FedAvg
 from mpicd.algorithms.ccvr import (
     CCVR,
     class_gaussians,
@@ -87,13 +89,12 @@ def test_means_recalibration_and_the_pooled_covariance_against_flbench(case):
     k = len(case["global_means"])
     d = len(clients[0]["features"][0])
     total = sum(pack(*class_moments(np.array(c["features"]), np.array(c["labels"]), k)) for c in clients)
-    # float32 payload: compare its Gaussians at float32's precision
     gaussians = {c: (mu, cov) for c, mu, cov in class_gaussians(*unpack(total, k, d))}
     counts = np.sum([c["counts"] for c in clients], axis=0)
     assert sorted(gaussians) == [c for c in range(k) if counts[c] >= 2]
     for c, (mu, cov) in gaussians.items():
-        np.testing.assert_allclose(mu, case["global_means"][c], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(cov, case["pooled_unbiased_cov_not_their_code"][c], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(mu, case["global_means"][c], rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(cov, case["pooled_unbiased_cov_not_their_code"][c], rtol=1e-10, atol=1e-13)
         if case["global_covs"][c] is not None:
             assert not np.allclose(cov, case["global_covs"][c], rtol=1e-3)  # FL-bench's differs
     # the recalibration on their fixed virtual features, in their order
@@ -103,6 +104,23 @@ def test_means_recalibration_and_the_pooled_covariance_against_flbench(case):
     after = case["classifier_after"]
     np.testing.assert_allclose(layer.weight.detach(), after["classifier.weight"], rtol=1e-10, atol=1e-13)
     np.testing.assert_allclose(layer.bias.detach(), after["classifier.bias"], rtol=1e-10, atol=1e-13)
+
+
+def test_saturated_features_keep_their_covariance_in_the_float64_payload():
+    """tanh features near 1 (the LeNet's): variance 1e-8 against second moments of 1. The float64 payload
+    gives the pooled covariance to 1e-6 of its largest entry; the same sums in float32 err by more than
+    that entry."""
+    rng = np.random.default_rng(0)
+    clients = [np.tanh(4.5 + 0.3 * rng.standard_normal((50, 20))) for _ in range(8)]
+    truth = np.cov(np.concatenate(clients).T)
+    scale = np.abs(truth).max()
+    assert scale < 1e-6
+    payloads = [pack(*class_moments(x, np.zeros(len(x), dtype=np.int64), 1)) for x in clients]
+    ((_, _, cov),) = class_gaussians(*unpack(sum(payloads), 1, 20))
+    assert np.abs(cov - truth).max() < 1e-6 * scale
+    single = sum(p.astype(np.float32) for p in payloads)
+    ((_, _, rounded),) = class_gaussians(*unpack(single, 1, 20))
+    assert np.abs(rounded - truth).max() > scale
 
 
 def test_virtual_features_follow_their_gaussian():
@@ -128,13 +146,13 @@ def test_the_release_multiplier_counts_three_blocks():
 def test_bytes_every_round_and_in_the_last():
     lenet = Sizes(N=4, C=2, D=200, P=44_574)
     fedavg = 4 * (44_574 + 1)
-    stats = 4 * (2 * 200 + 2 * 200 * 201 // 2 + 2)  # [S ; upper(Q) ; n], float32
+    stats = 8 * (2 * 200 + 2 * 200 * 201 // 2 + 2)  # [S ; upper(Q) ; n], float64
     params = resolve({"name": "ccvr"})[1]
     assert CCVR.bytes_per_round(lenet, params)["allreduce"] == (fedavg, fedavg)
     assert CCVR.bytes_per_round(lenet, params, last=True)["allreduce"] == (fedavg + stats, fedavg + stats)
-    assert stats == 162_408
+    assert stats == 324_816
     exact = resolve({"name": "ccvr", "reduction": "exact"})[1]
-    assert CCVR.bytes_per_round(lenet, exact, last=True)["allreduce"][0] == 8 + 8 * (44_574 + 1) + 8 + 2 * stats
+    assert CCVR.bytes_per_round(lenet, exact, last=True)["allreduce"][0] == 8 + 8 * (44_574 + 1) + 8 + stats
     assert REGISTRY["ccvr"].payload_for(params) == REGISTRY["fedavg"].payload_for(resolve({"name": "fedavg"})[1])
 
 
@@ -155,17 +173,22 @@ def exact_moments(c: Client, clip: float) -> np.ndarray:
 
 def test_the_private_release_is_clipped_noised_and_charged_once():
     """sigma 2, C 0.5: N(0, 1) on every feature sum, N(0, 0.5^2) on every entry of upper(Q), N(0, 2^2) on
-    each count; one accountant entry (q 1, sigma / sqrt 3); sigma 0 releases the exact clipped sums."""
+    each count (stds measured over 40 releases); a record at the clip moves the blocks by C, C^2 and 1,
+    so at the measured stds the release's sensitivity over std is sqrt 3 / sigma: the multiplier
+    charged, once per release (q 1); sigma 0 releases the exact clipped sums."""
     c = private_client("privacy={noise_multiplier: 2.0, clip: 0.5}")
-    released = c.algorithm.moments(2).astype(np.float64)
-    noise = released - exact_moments(c, 0.5)
+    exact = exact_moments(c, 0.5)
     d, t = 200, 200 * 201 // 2
-    assert np.std(noise[: 2 * d]) == pytest.approx(1.0, rel=0.15)
-    assert np.std(noise[2 * d : 2 * (d + t)]) == pytest.approx(0.5, rel=0.03)
-    assert np.abs(noise[-2:]).min() > 1e-3  # counts noised, not exact
-    assert c.algorithm.ctx.privacy.accountant.history == [(1.0, pytest.approx(2.0 / math.sqrt(3)), 1)]
-    exact = private_client("privacy={noise_multiplier: 0.0, clip: 0.5, counts: public}")
-    np.testing.assert_allclose(exact.algorithm.moments(2), exact_moments(exact, 0.5), rtol=1e-5, atol=1e-5)
+    noise = np.array([c.algorithm.moments(r) - exact for r in range(40)])
+    stds = np.std(noise[:, : 2 * d]), np.std(noise[:, 2 * d : 2 * (d + t)]), np.std(noise[:, -2:])
+    assert stds[0] == pytest.approx(1.0, rel=0.03) and stds[1] == pytest.approx(0.5, rel=0.01)
+    assert stds[2] == pytest.approx(2.0, rel=0.2)
+    worst = math.sqrt((0.5 / stds[0]) ** 2 + (0.5**2 / stds[1]) ** 2 + (1 / stds[2]) ** 2)
+    assert 1 / worst == pytest.approx(moments_multiplier(2.0, True), rel=0.1)
+    history = c.algorithm.ctx.privacy.accountant.history
+    assert history == [(1.0, pytest.approx(2.0 / math.sqrt(3)), 40)]
+    plain = private_client("privacy={noise_multiplier: 0.0, clip: 0.5, counts: public}")
+    np.testing.assert_allclose(plain.algorithm.moments(2), exact_moments(plain, 0.5), rtol=1e-5, atol=1e-5)
 
 
 def epsilon_direct(events: list[tuple[float, float, int]], delta: float) -> float:
@@ -205,3 +228,28 @@ def test_ccvr_with_privacy_under_mpiexec(tmp_path):
         last = epsilon_direct([(q, 2.0, 2 * steps), (1.0, 2.0 / math.sqrt(3), 1)], 1e-5)
         assert eps[1] == pytest.approx(last, rel=1e-9)
         assert eps[1] > epsilon_direct([(q, 2.0, 2 * steps)], 1e-5)  # the release is charged
+
+
+def test_the_last_round_recalibrates_from_the_pooled_gaussians():
+    """One client alone (a comm whose Allreduce returns its input): no statistics before the last
+    round; in it, the Gaussians of its own eval-mode features (np.mean, np.cov here) and a new head."""
+    plan = prepare(load_config(QUICKSTART, ["clients=4", "device=cpu", "algorithm=ccvr", "rounds=3"]))
+    comm = SimpleNamespace(rank=1, size=4, allreduce_sum=lambda array, channel: array.copy())
+    c = Client(plan, comm, "cpu")
+    c.local_epochs(0)
+    c.algorithm.after_epoch(1)
+    assert c.algorithm.gaussians is None
+    state = copy.deepcopy(c.model.state_dict())
+    FedAvg.after_round([c.algorithm], 2)  # the last round's average alone
+    head = [p.detach().clone() for p in c.model.head.parameters()]
+    c.model.load_state_dict(state)
+    c.algorithm.after_epoch(2)
+    c.model.eval()
+    with torch.no_grad():
+        rows = c.model.features(c.train_x).double().numpy()
+    labels = c.train_y.numpy()
+    assert [g[0] for g in c.algorithm.gaussians] == [0, 1]
+    for cls, mu, cov in c.algorithm.gaussians:
+        np.testing.assert_allclose(mu, rows[labels == cls].mean(axis=0), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(cov, np.cov(rows[labels == cls].T), rtol=1e-6, atol=1e-10)
+    assert not any(torch.equal(a, b) for a, b in zip(head, c.model.head.parameters()))  # recalibrated

@@ -82,3 +82,58 @@ def test_loss_and_gradient_equal_the_references(ref, case):
     assert float((ce + ntd).detach()) == pytest.approx(case["loss"], rel=1e-12)
     assert float(ntd.detach()) == pytest.approx(case["ntd"], rel=1e-12, abs=1e-15)
     np.testing.assert_allclose(z.grad.numpy(), case["grad_z"], rtol=1e-10, atol=1e-15)
+
+
+def linear(weight, bias) -> torch.nn.Linear:
+    layer = torch.nn.Linear(len(weight[0]), len(weight), dtype=torch.float64)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor(weight, dtype=torch.float64))
+        layer.bias.copy_(torch.tensor(bias, dtype=torch.float64))
+    return layer
+
+
+@pytest.mark.parametrize("case", REFS["pfllib_fedntd"]["rounds"], ids=lambda r: r["case"])
+def test_a_clients_round_equals_pfllibs(case):
+    """FedNTD's own hooks (the frozen global copy taken in before_epoch, the term of extra_loss on the
+    batch's images) on two clients from PFLlib's global model, fixed batches of 4, SGD lr 0.1: every
+    batch's cross-entropy and NTD term and each client's model after the round equal PFLlib's."""
+    from mpicd.algorithms import resolve
+    from mpicd.algorithms.base import Batch, Context
+    from mpicd.algorithms.fedntd import FedNTD
+    from mpicd.models import optim
+    from mpicd.models.networks import FeatureHeadModel
+
+    g = case["global_before"]
+    for k, labels in enumerate(case["inputs"]["labels"]):
+        model = FeatureHeadModel(
+            linear(g["base.weight"], g["base.bias"]), linear(g["head.weight"], g["head.bias"]), 4, 3
+        )
+        y = torch.tensor(labels)
+        x = torch.tensor(case["inputs"]["x"][k], dtype=torch.float64)
+        ctx = Context(
+            comm=None, model=model, device=torch.device("cpu"), seed=0, num_classes=3,
+            expertise=np.zeros(2, dtype=np.int64), train_x=x, train_y=y, client=k,
+        )  # fmt: skip
+        client = FedNTD(resolve({"name": "fedntd", "tau": case["tau"], "beta": case["beta"]})[1], ctx)
+        client.before_epoch(0)
+        sgd = optim.SGD(list(model.parameters()), lr=case["lr"])
+        ce_seen, ntd_seen = [], []
+        for s in range(0, len(y), 4):
+            features = model.features(x[s : s + 4])
+            batch = Batch(x[s : s + 4], y[s : s + 4], features, model.head(features))
+            ce, ntd = client.classification_loss(batch), client.extra_loss(batch)
+            sgd.zero_grad(set_to_none=True)
+            (ce + ntd).backward()
+            sgd.step()
+            ce_seen.append(float(ce.detach()))
+            ntd_seen.append(float(ntd.detach()))
+        theirs = case["clients"][k]
+        np.testing.assert_allclose(ce_seen, theirs["batch_ce"], rtol=1e-12)
+        np.testing.assert_allclose(ntd_seen, theirs["batch_ntd"], rtol=1e-9, atol=1e-15)
+        after = theirs["model_after"]
+        for mine, key in ((model.features, "base"), (model.head, "head")):
+            np.testing.assert_allclose(mine.weight.detach(), after[f"{key}.weight"], rtol=1e-10, atol=1e-14)
+            np.testing.assert_allclose(mine.bias.detach(), after[f"{key}.bias"], rtol=1e-10, atol=1e-14)
+        client.before_epoch(1)  # the next round's teacher is the model the client then holds, frozen
+        assert all(torch.equal(a, b) for a, b in zip(client.global_model.parameters(), model.parameters()))
+        assert not any(p.requires_grad for p in client.global_model.parameters()) and not client.global_model.training

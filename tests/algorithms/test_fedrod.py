@@ -192,3 +192,23 @@ def test_fedrod_sends_fedavgs_bytes_and_refuses_privacy():
     with pytest.raises(ConfigError) as err:
         prepare(load_config(QUICKSTART, ["algorithm={name: fedrod}", "privacy={epsilon: 4, noise_multiplier: 1}"]))
     assert err.value.key == "privacy" and "class sizes" in str(err.value)
+
+
+def test_on_nonfinite_skip_sees_and_restores_the_personal_head():
+    """A NaN in the personal head alone is a non-finite model; skip takes the head back to the round's
+    start with the model and the optimizer state (which holds the head's moments)."""
+    from mpicd.run.nonfinite import NonFiniteGuard
+
+    plan = prepare(load_config(QUICKSTART, ["clients=4", "device=cpu", "algorithm=fedrod", "on_nonfinite=skip"]))
+    c = Client(plan, SimpleNamespace(rank=1, size=4), "cpu")
+    c.local_epochs(0)
+    guard = NonFiniteGuard("skip", c, SimpleNamespace(where=lambda: "rank 1", round_index=1))
+    guard.begin_round()
+    start = [p.detach().clone() for p in c.algorithm.personal.parameters()]
+    c.local_epochs(1)
+    assert not all(torch.equal(p, q) for p, q in zip(start, c.algorithm.personal.parameters()))
+    with torch.no_grad():
+        c.algorithm.personal.weight[0, 0] = float("nan")
+    guard.check_model("after the local epoch")
+    assert guard.dropped
+    assert all(torch.equal(p, q) for p, q in zip(start, c.algorithm.personal.parameters()))

@@ -55,9 +55,9 @@ def only(kind: str | None, sent: int = 0, recv: int = 0) -> dict:
 
 
 def test_ccvr_adds_its_statistics_in_the_last_round_only():
-    # [S ; upper(Q) ; n]: 2 * 200 + 2 * 200 * 201 / 2 + 2 = 40,602 float32 = 162,408 bytes; exact: 8 + 8 * 40,602
+    # [S ; upper(Q) ; n]: 2 * 200 + 2 * 200 * 201 / 2 + 2 = 40,602 float64 = 324,816 bytes; exact: 8 + 8 * 40,602
     last = REGISTRY["ccvr"].bytes_per_round(LENET, params("ccvr"), last=True)
-    assert last == only("allreduce", 178_300 + 162_408, 178_300 + 162_408)
+    assert last == only("allreduce", 178_300 + 324_816, 178_300 + 324_816)
     exact = REGISTRY["ccvr"].bytes_per_round(LENET, params("ccvr", reduction="exact"), last=True)
     assert exact == only("allreduce", 356_608 + 324_824, 356_608 + 324_824)
     for name in REGISTRY:  # no other method declares a last-round payload

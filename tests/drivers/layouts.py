@@ -9,7 +9,7 @@ from mpicd.algorithms import REGISTRY
 from mpicd.cli import main
 
 # Every registered algorithm, co-distillation's Allgather variant (the default sends p2p), and
-# three with half the clients taking part in each round.
+# four with half the clients taking part in each round.
 # Those that sum their clients' contributions with reduction: exact (the same bits on every
 # layout), and FedAvg also with today's float32 Allreduce (reduction: mpi).
 SUMMING = ("fedavg", "fedproto", "feddistill", "fedlc", "fedrs", "fedntd", "fedrod", "ccvr")
@@ -17,7 +17,7 @@ VARIANTS = {
     name: [f"algorithm={{name: {name}" + (", reduction: exact}" if name in SUMMING else "}")] for name in REGISTRY
 }
 VARIANTS["codistill_all"] = ["algorithm={name: codistill, classes: all, share: logits}"]
-for name in ("local", "fedavg", "codistill"):
+for name in ("local", "fedavg", "codistill", "ccvr"):
     VARIANTS[f"{name}_half"] = [*VARIANTS[name], "participation=0.5"]
 VARIANTS["fedavg_mpi"] = ["algorithm={name: fedavg, reduction: mpi}"]
 # Methods that act only from three classes on (FedNTD is FedAvg on two), on RetinaMNIST's five grades

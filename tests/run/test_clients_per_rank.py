@@ -29,7 +29,7 @@ from same_results import compared, differences
 LAYOUTS = (1, 2, 3, 6)
 ROUNDS = 2
 ROUNDING = {"fedavg_mpi"}  # reduction: mpi (float32 Allreduce)
-VARIANTS = [*REGISTRY, "codistill_all", "local_half", "fedavg_half", "codistill_half", "fedavg_mpi"]
+VARIANTS = [*REGISTRY, "codistill_all", "local_half", "fedavg_half", "codistill_half", "ccvr_half", "fedavg_mpi"]
 FIVE_CLASSES = [
     "fedavg_5class",
     "fedntd_5class",
@@ -198,6 +198,13 @@ def test_partial_participation_is_recorded_and_the_others_keep_their_state(layou
     assert np.array_equal(local.metrics["test_acc"][1, out], local.metrics["test_acc"][0, out])
     # fedavg: every client takes the participants' average, so all are scored alike
     assert (fedavg.metrics["test_acc"] == fedavg.metrics["test_acc"][:, :1]).all()
+    # ccvr: the last round's statistics come from its participants alone; every client recalibrates
+    ccvr = Results(layouts[2] / "ccvr_half.h5")
+    assert np.array_equal(ccvr.metrics["participated"], fedavg.metrics["participated"])
+    sent = ccvr.metrics["bytes_sent"]
+    assert (sent[-1][ccvr.metrics["participated"][-1] == 0] == 0).all()
+    assert (sent[-1][ccvr.metrics["participated"][-1] == 1] > sent[0].max()).all()
+    assert (ccvr.metrics["test_acc"][-1] == ccvr.metrics["test_acc"][-1, 0]).all()
     # co-distillation: teachers and students among the participants only, never oneself
     for r in range(ROUNDS):
         taking, teachers = codistill.metrics["participated"][r], codistill.teacher[r]

@@ -164,7 +164,7 @@ def test_checkpoint_is_atomic_and_torn_files_are_ignored(tmp_path):
 # the middle of round CARRIED_HANG (rank 1 hangs after its local epoch, rank 0 waits for it in the
 # exchange; debug.* is operational, so the resume may drop it), then SIGKILLed whole. The reference
 # runs share one MPI job and so do the resumes (tests/drivers/runs.py): one start-up each.
-CARRIED = ("fedproto", "feddistill", "fedamp")
+CARRIED = ("fedproto", "feddistill", "fedamp", "fedrod")  # fedrod: its personal head and its moments
 CARRIED_ROUNDS = 6
 CARRIED_HANG = 3  # counted from 0: rounds 0-2 are in the file and checkpointed when the job dies
 HANG_MESSAGE = "injected fault debug.fail_kind=hang"
@@ -252,7 +252,7 @@ def test_sigkill_then_resume_restores_the_carried_state(carried, algorithm):
     folder = re.escape(str(checkpoint.folder_for(files[algorithm][1])))
     assert re.search(rf"resuming .*at round {out.attrs['resumed_at'][0] + 1} from {folder}", stdout), stdout
     # the algorithm's term is active in every round after the first: without its carried state
-    # (prototypes, targets, cloud model) the first resumed round would train without it
+    # (prototypes, targets, cloud model; FedRoD's personal head) the first resumed round would differ
     assert (reference.metrics["train_extra"][1:] > 0).all(), reference.metrics["train_extra"]
     assert_same_run(out, reference)
     assert not checkpoint.folder_for(files[algorithm][1]).exists(), "a complete run keeps no checkpoints"
