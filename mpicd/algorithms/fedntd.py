@@ -11,8 +11,10 @@ true class removed (C - 1 columns), the KL a mean over the batch's samples ("bat
 distribution over the classes that are *not* the label is distilled, so the client may still learn
 its own labels while it keeps the global model's view of the classes it rarely sees. With two
 classes the not-true distribution has one class: the term is 0 and FedNTD is FedAvg, bit for bit
-(tested): it acts from three classes (RetinaMNIST) on. Defaults tau 1, beta 1: the authors' config
-(Lee-Gihun/FedNTD ``config/fedntd.json``; PFLlib's shared ``--beta`` default is 0, i.e. FedAvg).
+(tested): it acts from three classes (RetinaMNIST) on, and from a round's second local step on (at
+the first the student is the teacher: the term and its gradient are 0 up to rounding). Defaults tau
+1, beta 1: the authors' config (Lee-Gihun/FedNTD ``config/fedntd.json``; PFLlib's shared ``--beta``
+default is 0, i.e. FedAvg).
 The average is FedAvg's, sample-weighted (PFLlib's FedNTD server averages clients equally).
 
 What crosses MPI: exactly FedAvg's (one Allreduce of ``[n_i theta_i ; n_i]``); the teacher is the
