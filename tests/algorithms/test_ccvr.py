@@ -24,7 +24,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from mpicd.algorithms import REGISTRY, Sizes, resolve
 from mpicd.algorithms.fedavg import FedAvg
@@ -44,20 +43,14 @@ from mpicd.results.verify import verify
 from mpicd.run.client import Client
 from mpicd.run.plan import prepare
 
+from reference_layers import linear
+
 from conftest import QUICKSTART, mpiexec
 
 REF = json.loads((Path(__file__).parent / "data" / "label_skew_reference_part2.json").read_text())["references"][
     "flbench_ccvr"
 ]
 IN_ORDER = SimpleNamespace(permutation=np.arange)  # the references' fixed order instead of a shuffle
-
-
-def head(weight, bias) -> nn.Linear:
-    layer = nn.Linear(len(weight[0]), len(weight), dtype=torch.float64)
-    with torch.no_grad():
-        layer.weight.copy_(torch.tensor(weight, dtype=torch.float64))
-        layer.bias.copy_(torch.tensor(bias, dtype=torch.float64))
-    return layer
 
 
 def settings(lr: float, batch: int, epochs: int = 1):
@@ -74,7 +67,7 @@ def test_two_clients_two_classes_by_hand():
     assert (c0, c1) == (0, 1)
     assert mu0.tolist() == [2.0] and cov0.tolist() == [[4.0]]
     assert mu1.tolist() == [3.0] and cov1.tolist() == [[4.0]]
-    layer = head([[0.0], [0.0]], [0.0, 0.0])
+    layer = linear([[0.0], [0.0]], [0.0, 0.0])
     recalibrate(layer, np.array([[2.0], [3.0]]), np.array([0, 1]), settings(1.0, 2), IN_ORDER)
     np.testing.assert_allclose(layer.weight.detach(), [[-0.25], [0.25]], rtol=1e-12)
     np.testing.assert_allclose(layer.bias.detach(), [0.0, 0.0], atol=1e-15)
@@ -98,7 +91,7 @@ def test_means_recalibration_and_the_pooled_covariance_against_flbench(case):
         if case["global_covs"][c] is not None:
             assert not np.allclose(cov, case["global_covs"][c], rtol=1e-3)  # FL-bench's differs
     # the recalibration on their fixed virtual features, in their order
-    layer = head(case["inputs"]["classifier_W0"], case["inputs"]["classifier_b0"])
+    layer = linear(case["inputs"]["classifier_W0"], case["inputs"]["classifier_b0"])
     fixed = case["fixed_virtual"]
     recalibrate(layer, np.array(fixed["x"]), np.array(fixed["y"]), settings(case["lr"], case["batch_size"]), IN_ORDER)
     after = case["classifier_after"]

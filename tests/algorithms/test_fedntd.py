@@ -21,6 +21,8 @@ import torch.nn.functional as F
 
 from mpicd.algorithms.fedntd import not_true, not_true_distillation
 
+from reference_layers import linear
+
 DATA = json.loads((Path(__file__).parent / "data" / "label_skew_reference_part2.json").read_text())
 REFS = DATA["references"]
 
@@ -82,14 +84,6 @@ def test_loss_and_gradient_equal_the_references(ref, case):
     assert float((ce + ntd).detach()) == pytest.approx(case["loss"], rel=1e-12)
     assert float(ntd.detach()) == pytest.approx(case["ntd"], rel=1e-12, abs=1e-15)
     np.testing.assert_allclose(z.grad.numpy(), case["grad_z"], rtol=1e-10, atol=1e-15)
-
-
-def linear(weight, bias) -> torch.nn.Linear:
-    layer = torch.nn.Linear(len(weight[0]), len(weight), dtype=torch.float64)
-    with torch.no_grad():
-        layer.weight.copy_(torch.tensor(weight, dtype=torch.float64))
-        layer.bias.copy_(torch.tensor(bias, dtype=torch.float64))
-    return layer
 
 
 @pytest.mark.parametrize("case", REFS["pfllib_fedntd"]["rounds"], ids=lambda r: r["case"])

@@ -38,6 +38,8 @@ from mpicd.models.networks import FeatureHeadModel
 from mpicd.run.client import Client
 from mpicd.run.plan import prepare
 
+from reference_layers import linear
+
 from conftest import QUICKSTART
 
 REF = json.loads((Path(__file__).parent / "data" / "label_skew_reference_part2.json").read_text())["references"][
@@ -57,14 +59,6 @@ def fedrod(model: FeatureHeadModel, labels: list[int]) -> FedRoD:
         expertise=np.zeros(2, dtype=np.int64), train_x=torch.zeros(len(y), 1), train_y=y, client=0,
     )  # fmt: skip
     return FedRoD(resolve({"name": "fedrod"})[1], ctx)
-
-
-def linear(weight, bias) -> nn.Linear:
-    layer = nn.Linear(len(weight[0]), len(weight), dtype=torch.float64)
-    with torch.no_grad():
-        layer.weight.copy_(torch.tensor(weight, dtype=torch.float64))
-        layer.bias.copy_(torch.tensor(bias, dtype=torch.float64))
-    return layer
 
 
 def step(algorithm: FedRoD, optimizer, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
