@@ -69,7 +69,10 @@ def test_inside_an_allocation_srun_is_the_default_only_where_it_exists(plain_env
 
 
 def test_a_real_job_starts_from_the_command(plain_env):
-    program = [sys.executable, "-c", "from mpi4py import MPI; c = MPI.COMM_WORLD; print(c.allreduce(c.rank + 1))"]
+    # One rank prints: Open MPI forwards each rank's stdout on its own, so three ranks printing can
+    # interleave mid-line ("66" then a bare newline was seen in CI).
+    code = "from mpi4py import MPI; c = MPI.COMM_WORLD; g = c.gather(c.allreduce(c.rank + 1)); c.rank or print(*g)"
+    program = [sys.executable, "-c", code]
     done = subprocess.run(
         launch.command(3, program), env=mpi_env(), capture_output=True, text=True, timeout=120, cwd=ROOT
     )
