@@ -39,7 +39,21 @@ STAGES = (
     ("f", "pneumoniamnist", ("fairness-reset", "fairness-termmean", "fairness-balanced")),
     ("e", "retinamnist", ("six-low", "six-high")),
     ("e", "pneumoniamnist", ("six-clients",)),
+    ("k1", "retinamnist", ("consortium-tune", "consortium-tune-sampler", "consortium-tune-loss")),
+    ("k1", "pneumoniamnist", ("consortium-tune", "consortium-tune-sampler", "consortium-tune-loss")),
+    ("k2", "retinamnist", ("consortium", "consortium-sampler", "consortium-moonshot")),
+    ("k2", "pneumoniamnist", ("consortium", "consortium-sampler", "consortium-moonshot")),
+    ("k3", "retinamnist", ("consortium-references",)),
+    ("k3", "pneumoniamnist", ("consortium-references",)),
 )
+# sweeps that consortium.py choose writes once k1's tuning is done (the moonshot's only where validation
+# picked a candidate that consortium-sampler does not already run)
+LATER = {
+    "consortium": "written when k1 ends",
+    "consortium-sampler": "written when k1 ends",
+    "consortium-moonshot": "written when k1 ends, if its pick is not in consortium-sampler",
+    "consortium-references": "written when k1 ends",
+}
 # a1's runs were lost with a replaced machine before the ledgers existed (README: its chosen.yaml is what they decided)
 LOST = {("pneumoniamnist", "tune"): "done before the ledgers existed; chosen.yaml is what it decided"}
 
@@ -63,6 +77,11 @@ def rows() -> list[dict]:
     for letter, dataset, sweeps in STAGES:
         for sweep in sweeps:
             path = HERE / dataset / f"{sweep}.yaml"
+            if sweep in LATER and not path.exists():
+                out.append(
+                    dict(stage=letter, dataset=dataset, sweep=sweep, held=0, planned=None, cpus=Counter(), lost=None)
+                )
+                continue
             try:
                 planned = [run.output.stem for run in load_sweep(path)]
             except ConfigError as err:
@@ -76,7 +95,10 @@ def rows() -> list[dict]:
 
 
 def count(row: dict) -> str:
-    """'held / planned', or '– / planned' for a sweep whose runs were lost before the ledgers."""
+    """'held / planned', or '– / planned' for a sweep whose runs were lost before the ledgers, or
+    '0 / –' for one not written yet."""
+    if row["planned"] is None:
+        return "0 / –"
     return f"– / {row['planned']}" if row["lost"] else f"{row['held']} / {row['planned']}"
 
 
@@ -84,6 +106,8 @@ def state(row: dict) -> str:
     """done / under way / not started, from the counts alone (a lost stage says what decided it)."""
     if row["lost"]:
         return row["lost"]
+    if row["planned"] is None:
+        return LATER[row["sweep"]]
     if row["held"] == row["planned"]:
         return "done"
     return "under way" if row["held"] else "not started"
@@ -99,6 +123,8 @@ def table(every: list[dict] | None = None) -> list[str]:
         machines = ", ".join(f"{cpu} ({n})" for cpu, n in sorted(row["cpus"].items())) or "–"
         if row["lost"]:
             machines = row["lost"]
+        elif row["planned"] is None:
+            machines = LATER[row["sweep"]]
         else:
             held_all, planned_all = held_all + row["held"], planned_all + row["planned"]
         lines.append(f"| {row['stage']} | {row['dataset']} | {row['sweep']} | {count(row)} | {machines} |")

@@ -5,7 +5,8 @@
 #   nohup nice -n 19 bash study/run.sh > study.log 2>&1 &      # from the project root
 # After each stage the tables of what has finished are regenerated (report.sh), so a finished
 # stage can be committed with its tables. Results files: results/study/<dataset>/<stage>/ (never
-# committed). STAGES="c d" bash study/run.sh runs only those stages (still in this order: a1 p a2 m c d b f e).
+# committed). STAGES="c d" bash study/run.sh runs only those stages (still in this order: a1 p a2 m c d b f e
+# k1 k2 k3; k = the consortium stage, consortium.py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # Its own session and process group (setsid --wait keeps the caller waiting, as before), so that
@@ -17,7 +18,7 @@ mkdir -p results/study && echo $$ > results/study/study.pgid
 echo "$$ $(sed 's/.*) //' /proc/$$/stat | cut -d' ' -f20) $(ps -o sid= -p $$ | tr -d ' ')" > results/study/study.proof
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's mpicd, not the venv's editable install
 here=study
-stages=${STAGES:-a1 p a2 m c d b f e}
+stages=${STAGES:-a1 p a2 m c d b f e k1 k2 k3}
 want() { [[ " $stages " == *" $1 "* ]]; }
 ds() { bash "$here/$1/run.sh" "${@:2}"; }
 stage() { echo "== stage $1 ($(date -u +%FT%TZ)): $2"; }
@@ -84,6 +85,33 @@ if want e; then
   stage e "6 clients: RetinaMNIST full grid (360 runs), PneumoniaMNIST skew 0.9 (80 runs)"
   ds retinamnist six-low six-high
   ds pneumoniamnist six-clients
+  bash "$here/report.sh" || true
+fi
+# The consortium stage (consortium.py): which label-skew method protects the minority class, at what cost.
+# k1 tunes on validation (consortium.py choose then writes k2's and k3's sweep files), k2 runs the methods
+# at skew 0.8 and 0.9 x 10 seeds, k3 re-runs FedAvg and local for the personalised score (cut first).
+consortium() { for d in retinamnist pneumoniamnist; do [ -f "$here/$d/$1" ] || { echo "run.sh: no $d/$1: stage k1 has not finished" >&2; exit 2; }; done; }
+if want k1; then
+  chosen pneumoniamnist a1
+  chosen retinamnist a2
+  stage k1 "consortium tuning on the validation split, skew 0.8, seeds 100-101 (76 runs)"
+  for d in retinamnist pneumoniamnist; do
+    ds "$d" consortium-tune consortium-tune-sampler consortium-tune-loss
+    .venv/bin/python "$here/consortium.py" choose "$d"
+  done
+fi
+if want k2; then
+  consortium consortium-chosen.yaml
+  stage k2 "consortium: label-skew methods and balanced sampling, skew 0.8, 0.9 x 10 seeds (320-340 runs)"
+  for d in retinamnist pneumoniamnist; do
+    ds "$d" consortium consortium-sampler $([ -f "$here/$d/consortium-moonshot.yaml" ] && echo consortium-moonshot)
+  done
+  bash "$here/report.sh" || true
+fi
+if want k3; then
+  consortium consortium-references.yaml
+  stage k3 "consortium references: FedAvg and local re-run for the personalised score (80 runs)"
+  for d in retinamnist pneumoniamnist; do ds "$d" consortium-references; done
   bash "$here/report.sh" || true
 fi
 stage done "every requested stage finished"

@@ -1,6 +1,7 @@
 """Many runs of a sweep in one allocation: ``mpirun -n M mpicd pack SWEEP.yaml``.
 
-The world is split into groups of the runs' client count (``MPI.Comm.Split``); each group's
+The world is split into groups of the runs' client count (``MPI.Comm.Split``; of fewer ranks, up
+to the job's, where every run packs its clients with ``clients_per_rank: balanced``); each group's
 leader takes the next pending run from a counter on world rank 0 (one-sided ``Fetch_and_op``,
 so no rank has to serve requests) and broadcasts it to its group, which runs it exactly as
 ``mpicd run --resume`` would, on the group's own communicator: its own ledger, its own
@@ -97,7 +98,7 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
         placement = agreed(world, lambda: place(world.mpi, device))
     except ConfigError:
         return 2
-    size = runs[0].ranks
+    size = group_size(runs, world.size)
     groups = world.size // size
     try:  # rank 0 reads the files; a stale one (is_done raises) fails every rank with one message
         pending = agreed(
@@ -174,6 +175,19 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
     return 1 if summary[0] else 0
 
 
+def packs_clients(runs: list) -> bool:
+    """Whether every run puts its clients on however many ranks it gets (clients_per_rank balanced)."""
+    return all(r.resolved.get("clients_per_rank") == "balanced" for r in runs)
+
+
+def group_size(runs: list, world_size: int) -> int:
+    """Ranks per run: its clients, one per rank; where every run packs its clients (clients_per_rank
+    balanced), the job's ranks up to the clients, so that 4-client runs on a 2-core machine run on 2
+    ranks, two clients each (a layout changes no result: tests/mpi)."""
+    clients = runs[0].ranks
+    return min(clients, world_size) if packs_clients(runs) else clients
+
+
 def _check_sweep(runs: list, world_size: int) -> list:
     sizes = sorted({r.ranks for r in runs})
     if len(sizes) != 1:
@@ -182,11 +196,11 @@ def _check_sweep(runs: list, world_size: int) -> list:
             f"mpicd pack needs one client count per sweep, this one has "
             f"{sizes}: split it into one sweep file per count",
         )
-    if world_size < sizes[0]:
+    if world_size < sizes[0] and not packs_clients(runs):
         raise ConfigError(
             "clients",
             f"each run needs {sizes[0]} ranks but the job has {world_size}: "
-            f"launch at least {sizes[0]} (a multiple of it)",
+            f"launch at least {sizes[0]} (a multiple of it), or pack clients on ranks (clients_per_rank: balanced)",
         )
     return runs
 

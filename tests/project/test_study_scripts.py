@@ -341,10 +341,11 @@ def test_progress_table_covers_every_stage_of_run_sh():
 
     stages = {letter for letter, *_ in progress.STAGES}
     run_sh = (ROOT / "study" / "run.sh").read_text()
-    assert stages == {"a1", "p", "a2", "m", "c", "d", "b", "f", "e"} and "a1 p a2 m c d b f e" in run_sh
-    for _, dataset, sweeps in progress.STAGES:  # every sweep named exists, and run.sh runs it
+    assert stages == {"a1", "p", "a2", "m", "c", "d", "b", "f", "e", "k1", "k2", "k3"}
+    assert "a1 p a2 m c d b f e k1 k2 k3" in run_sh
+    for _, dataset, sweeps in progress.STAGES:  # every sweep named exists (or k1 writes it), and run.sh runs it
         for sweep in sweeps:
-            assert (ROOT / "study" / dataset / f"{sweep}.yaml").is_file(), (dataset, sweep)
+            assert (ROOT / "study" / dataset / f"{sweep}.yaml").is_file() or sweep in progress.LATER, (dataset, sweep)
             assert sweep in run_sh, sweep
 
 

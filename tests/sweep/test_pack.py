@@ -118,3 +118,39 @@ def test_no_one_sided_window_is_one_error_that_names_the_fix(sweep):
         result = mpiexec(2, "-m", "mpicd", "pack", str(sweep), timeout=120)
     assert result.returncode != 0
     assert "MPI_ERR_WIN" in result.stderr and "export OMPI_MCA_osc=sm,ucx" in result.stderr, result.stderr[-2000:]
+
+
+def test_clients_packed_on_ranks_run_on_fewer_ranks_and_equal_one_client_per_rank(tmp_path, pinned_threads):
+    """A sweep whose runs pack their clients (clients_per_rank balanced) runs each 4-client run on the 2
+    ranks the job has, and every such run's scores equal the same run with one client per rank on 4."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(
+        f"config: {QUICKSTART}\noutput_dir: {tmp_path / 'out'}\nset:\n  clients_per_rank: balanced\ngrid:\n"
+        "  clients: [4]\n  rounds: [2]\n  algorithm: [{name: fedavg}, {name: codistill}]\n  seed: [0]\n"
+    )
+    result = mpiexec(2, "-m", "mpicd", "pack", str(path), timeout=300)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    assert "2 pending; 2 ranks = 1 groups of 2" in result.stdout
+    for run in load_sweep(path):
+        packed = Results(run.output)
+        assert packed.completed_rounds == 2 and packed.attrs["ranks"] == 2  # 2 ranks ran it
+        alone = tmp_path / run.output.name
+        mpicd_run(4, run.config, alone, *[o for o in run.overrides if not o.startswith("clients_per_rank")])
+        one = Results(alone)
+        assert one.attrs["ranks"] == 4
+        assert set(packed.metrics) == set(one.metrics)
+        for name in packed.metrics:
+            if not is_timing(name):
+                np.testing.assert_array_equal(packed.metrics[name], one.metrics[name], err_msg=f"{run.output} {name}")
+        np.testing.assert_array_equal(packed.bytes_sent_by_kind, one.bytes_sent_by_kind)  # per client
+
+
+def test_a_packing_sweep_refuses_nothing_below_its_clients_but_one_per_rank_does(tmp_path):
+    """Fewer ranks than clients: refused with one client per rank, naming clients_per_rank as the way out."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(
+        f"config: {QUICKSTART}\noutput_dir: {tmp_path / 'out'}\ngrid:\n  clients: [3]\n  rounds: [1]\n  seed: [0]\n"
+    )
+    result = mpiexec(2, "-m", "mpicd", "pack", str(path), timeout=120)
+    assert result.returncode == 2
+    assert "each run needs 3 ranks but the job has 2" in result.stderr and "clients_per_rank: balanced" in result.stderr
