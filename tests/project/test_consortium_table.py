@@ -1,0 +1,177 @@
+"""The consortium table (study/consortium_table.py) on ledgers whose scores the test writes: the paired
+difference, its t-interval and Holm's adjustment worked by hand here (the t statistic from its formula,
+Holm by sorting), bytes per client from a run that packs two clients on a rank, FedAvg's personalised
+score from the re-run references, a cell missing a seed pending, and the generated paragraph naming
+what the numbers show."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "study"))
+import consortium_table as ct  # noqa: E402
+
+SEEDS = range(10)
+FEDAVG = [0.80 + 0.01 * (s % 3 - 1) for s in SEEDS]
+
+
+def line(
+    algorithm: dict,
+    seed: int,
+    minority: float,
+    *,
+    skew=0.8,
+    sampler="shuffle",
+    ranks=4,
+    sent=179500.0,
+    personal=None,
+    last=None,
+) -> str:
+    scores = {"minority_acc": minority, "balanced_acc": minority + 0.05}
+    if personal is not None:
+        scores["personal_acc"] = personal
+    return json.dumps(
+        {
+            "name": f"{algorithm['name']}_{sampler}_{skew}_{seed}",
+            "config": {
+                "seed": seed,
+                "data": {"skew": skew},
+                "algorithm": algorithm,
+                "train": {"sampler": sampler, "loss": "ce"},
+            },
+            "views": {"test": {"last10": {"scores": scores}}},
+            "curves": {"minority_acc": [0.5, minority if last is None else last]},
+            "bytes_per_round": sent,
+            "ranks": ranks,
+            "clients": 4,
+        }
+    )
+
+
+@pytest.fixture
+def ledgers(tmp_path, monkeypatch):
+    folder = tmp_path / "retinamnist"
+    folder.mkdir()
+    (tmp_path / "pneumoniamnist").mkdir()
+    monkeypatch.setattr(ct, "HERE", tmp_path)
+    main = [line({"name": "fedavg"}, s, FEDAVG[s]) for s in SEEDS]
+    main += [line({"name": "fedavg"}, s, 0.7, skew=0.6) for s in SEEDS]  # another skew: not in the table
+    (folder / "main-high.runs.jsonl").write_text("\n".join(main) + "\n")
+    consortium = [  # FedLC loses by -0.10 + 0.001 s; FedRS ties (+-0.01); CCVR: its last round differs; packed
+        line({"name": "fedlc", "tau": 1.0}, s, FEDAVG[s] - 0.10 + 0.001 * s, ranks=2, sent=359000.0) for s in SEEDS
+    ]
+    consortium += [line({"name": "fedrs", "alpha": 0.5}, s, FEDAVG[s] + 0.01 * (-1) ** s, sent=0.0) for s in SEEDS]
+    consortium += [line({"name": "ccvr", "calibration_lr": 0.1}, s, FEDAVG[s], last=FEDAVG[s] + 0.02) for s in SEEDS]
+    consortium += [line({"name": "fedrod"}, s, 0.5) for s in range(9)]  # seed 9 missing: pending
+    (folder / "consortium.runs.jsonl").write_text("\n".join(consortium) + "\n")
+    sampler = [line({"name": "local"}, s, FEDAVG[s] - 0.20 + 0.003 * s, sampler="balanced", sent=0.0) for s in SEEDS]
+    sampler += [line({"name": "fedavg"}, s, FEDAVG[s] + 0.01 + 0.012 * (-1) ** s, sampler="balanced") for s in SEEDS]
+    (folder / "consortium-sampler.runs.jsonl").write_text("\n".join(sampler) + "\n")
+    refs = [line({"name": "fedavg"}, s, FEDAVG[s], personal=0.9 + 0.001 * s) for s in SEEDS]
+    (folder / "consortium-references.runs.jsonl").write_text("\n".join(refs) + "\n")
+    return tmp_path
+
+
+def by_hand(diffs: np.ndarray) -> tuple[float, float, float]:
+    """(mean, half-width of the 95% t-interval, two-sided p) from the formulas."""
+    n, mean, sd = len(diffs), diffs.mean(), math.sqrt(((diffs - diffs.mean()) ** 2).sum() / (len(diffs) - 1))
+    t = mean / (sd / math.sqrt(n))
+    return mean, stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n), 2 * stats.t.sf(abs(t), n - 1)
+
+
+def holm_by_hand(ps: list[float]) -> list[float]:
+    """Holm: the i-th smallest p times (m - i), made non-decreasing, capped at 1."""
+    order = np.argsort(ps, kind="stable")
+    out, running = [0.0] * len(ps), 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - i) * ps[j]))
+        out[j] = running
+    return out
+
+
+def test_verdicts_are_paired_by_seed_with_holm_over_the_family(ledgers):
+    cells = {d: ct.load(d) for d in ct.DATASETS}
+    v = ct.verdicts(cells)
+    # the family: at RetinaMNIST 0.8, 6 rows against FedAvg and 6 against local + balanced sampler (FedRoD's
+    # two pending, p 1); every other cell is empty: 12 comparisons
+    assert v["_family"] == 12
+    s = np.arange(10)
+    local, fedlc, fedrs = -0.20 + 0.003 * s, -0.10 + 0.001 * s, 0.01 * (-1.0) ** s
+    sampler = 0.01 + 0.012 * (-1.0) ** s  # FedAvg + balanced sampler: p 0.034 unadjusted, not after Holm
+    versus_fedavg = {
+        "local + balanced sampler": local,
+        "FedLC (tau 1.0)": fedlc,
+        "FedRS (alpha 0.5)": fedrs,
+        "FedAvg + balanced sampler": sampler,
+    }
+    versus_local = {
+        "FedAvg": -local,
+        "FedLC (tau 1.0)": fedlc - local,
+        "FedRS (alpha 0.5)": fedrs - local,
+        "CCVR (lr 0.1)": -local,
+        "FedAvg + balanced sampler": sampler - local,
+    }
+    keys = [(n, "FedAvg") for n in versus_fedavg] + [(n, "local + balanced sampler") for n in versus_local]
+    ps = [by_hand(d)[2] for d in [*versus_fedavg.values(), *versus_local.values()]]
+    ps += [1.0, 1.0, 1.0]  # CCVR - FedAvg: identical diffs of 0; FedRoD twice: pending
+    adjusted = dict(zip(keys, holm_by_hand(ps)))
+    m_fedlc, half_fedlc, p_fedlc = by_hand(fedlc)
+    got = v[("retinamnist", 0.8, "FedLC (tau 1.0)", "FedAvg")]
+    assert got["verdict"] == "loses" and got["diff"] == pytest.approx(-0.0955, abs=1e-12)
+    assert got["low"] == pytest.approx(m_fedlc - half_fedlc, abs=1e-12)
+    assert got["p"] == pytest.approx(p_fedlc, rel=1e-6, abs=0)
+    for (name, ref), p_holm in adjusted.items():
+        assert v[("retinamnist", 0.8, name, ref)]["p_holm"] == pytest.approx(p_holm, rel=1e-6, abs=0), (name, ref)
+    close = v[("retinamnist", 0.8, "FedAvg + balanced sampler", "FedAvg")]
+    assert 0.01 < close["p"] < 0.05 and close["verdict"] == "ties"  # wins unadjusted, ties after Holm
+    tie = v[("retinamnist", 0.8, "FedRS (alpha 0.5)", "FedAvg")]
+    assert tie["verdict"] == "ties" and tie["diff"] == pytest.approx(0.0, abs=1e-12) and tie["p_holm"] == 1.0
+    assert v[("retinamnist", 0.8, "FedRoD", "FedAvg")] == {"verdict": "pending"}
+    # CCVR equals FedAvg over the last 10 rounds (identical diffs: p 1), and its last round is +0.02
+    assert v[("retinamnist", 0.8, "CCVR (lr 0.1)", "FedAvg")]["verdict"] == "ties"
+    rows = cells["retinamnist"][0.8]
+    diffs, p = ct.paired(rows["CCVR (lr 0.1)"], rows["FedAvg"], last_round=True)
+    assert np.allclose(diffs, 0.02) and p == 0.0
+
+
+def test_bytes_per_client_and_the_personalised_score_from_the_references(ledgers):
+    rows = ct.load("retinamnist")[0.8]
+    assert rows["FedLC (tau 1.0)"].bytes_per_client() == 179500.0  # 359,000 a rank x 2 ranks / 4 clients
+    assert rows["FedAvg"].bytes_per_client() == 179500.0
+    mean, low, high = ct.interval(rows["FedAvg"].scores("personal_acc"))
+    assert mean == pytest.approx(0.9045, abs=1e-12)
+    assert math.isnan(ct.interval(rows["FedRS (alpha 0.5)"].scores("personal_acc"))[0])  # not in its ledger
+    assert set(rows) == {
+        "FedAvg",
+        "FedLC (tau 1.0)",
+        "FedRS (alpha 0.5)",
+        "CCVR (lr 0.1)",
+        "FedRoD",
+        "local + balanced sampler",
+        "FedAvg + balanced sampler",
+    }
+
+
+def test_the_paragraph_says_what_the_table_shows(ledgers):
+    cells = {d: ct.load(d) for d in ct.DATASETS}
+    v = ct.verdicts(cells)
+    said = ct.paragraph(cells, v)  # FedAvg: 0.80 + 0.01 (s mod 3 - 1) over seeds 0-9, mean 0.799
+    assert said[0] == (
+        "- RetinaMNIST, skew 0.8: FedAvg keeps 0.799 held-out minority accuracy (179,500 bytes a client a round); "
+        "after Holm, none beats it, 3 tie it (FedRS (alpha 0.5), CCVR (lr 0.1), FedAvg + balanced sampler); "
+        "the cheapest of those is "
+        "FedRS (alpha 0.5) at 0 bytes a client a round; 2 lose to it; 1 pending."
+    )
+    assert said[1] == "- RetinaMNIST, skew 0.9: pending."
+    shot = ct.moonshot(cells, v)[0]
+    assert "Tie or beat FedAvg after Holm: FedRS (alpha 0.5) (ties (+0.000" in shot
+    text, _ = ct.page(cells, v)
+    assert "| FedRoD | 179,500 | 0.500 [0.500, 0.500] | 0.550 [0.550, 0.550] | – | pending | pending | 9 |" in text
