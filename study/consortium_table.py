@@ -18,7 +18,9 @@ from the table.
 
 Rows come from the main grid's ledgers (main-high: FedAvg, local, co-distillation's two readings,
 FedProto, FedDistill, FedAMP; the same configs and seeds) and the consortium stage's (consortium.py).
-FedNTD has no row: with two classes it is FedAvg bit for bit (tests/algorithms/test_fedntd.py).
+FedRoD's runs give two rows: its personalised prediction (generic + personal head, its /metrics) and its
+generic model alone (/metrics/generic_*). FedNTD has no row: with two classes it is FedAvg bit for bit
+(tests/algorithms/test_fedntd.py).
 """
 
 from __future__ import annotations
@@ -51,15 +53,20 @@ class Row:
     label: str
     runs: dict[int, dict] = field(default_factory=dict)
     personal: dict[int, float] = field(default_factory=dict)  # from consortium-references where the main grid lacks it
+    generic: bool = False  # FedRoD's generic model (the body and balanced-softmax head, without the personal head)
 
     def scores(self, metric: str) -> np.ndarray:
         if metric == "personal_acc" and self.personal:
             return np.array([self.personal[s] for s in sorted(self.personal)])
+        if self.generic:  # /metrics/generic_*: the ledger's last-10 mean over rounds and clients
+            return np.array([_nan(r["last10"].get(f"metrics/generic_{metric}")) for _, r in sorted(self.runs.items())])
         return np.array(
             [_nan(r["views"]["test"]["last10"]["scores"].get(metric)) for _, r in sorted(self.runs.items())]
         )
 
     def last_round(self, metric: str) -> np.ndarray:
+        if self.generic:  # the ledger keeps no per-round curve of the generic scores
+            return np.full(len(self.runs), math.nan)
         return np.array([_nan(r["curves"][metric][-1]) for _, r in sorted(self.runs.items())])
 
     def bytes_per_client(self) -> float:
@@ -117,6 +124,9 @@ def load(dataset: str) -> dict[float, dict[str, Row]]:
                 reruns.setdefault((skew, name), {})[seed] = run
                 continue
             cells[skew].setdefault(name, Row(name)).runs[seed] = run
+            if run["config"]["algorithm"]["name"] == "fedrod":  # its generic model is a row of its own
+                generic = f"{name} (generic model)"
+                cells[skew].setdefault(generic, Row(generic, generic=True)).runs[seed] = run
     for (skew, name), runs in reruns.items():
         row = cells[skew].get(name)
         if row is not None:
@@ -406,6 +416,7 @@ def page(all_cells: dict, v: dict) -> tuple[str, list[str]]:
         *summary,
         "",
         f"Holm over the whole family of {v['_family']} comparisons (every row against both references in every cell).",
+        "FedRoD gives two rows: its personalised prediction (generic + personal head) and its generic model alone.",
         "FedNTD has no row: with two classes its not-true distribution has one class, so its term is 0 and it is",
         "FedAvg bit for bit (tests/algorithms/test_fedntd.py); both datasets here are binary.",
         "",
