@@ -593,10 +593,27 @@ def test_headlines_say_what_scipy_computes_from_the_ledger_lines(headline_text):
     )
     assert gaps[("retinamnist", 0.9)] == "−0.578 [−0.605, −0.552]"
 
-    best = _minority(_ledger("pneumoniamnist", "main-low", "main-high"), "best-val")
-    reversed_ = [pair(m, ci) for m, _, ci in (_paired(best, "fedavg", s) for s in (0.0, 0.2, 0.4))]
+    rows = _ledger("pneumoniamnist", "main-low", "main-high")
+    low = (0.0, 0.2, 0.4)
+    best, last = _minority(rows, "best-val"), _minority(rows)
+    reversed_ = [pair(m, ci) for m, _, ci in (_paired(best, "fedavg", s) for s in low)]
     assert reversed_[0].startswith("+0.058 [")
     assert f"on PneumoniaMNIST at skew 0, 0.2 and 0.4 it becomes {', '.join(reversed_)}" in headline_text
+    balanced = _minority(rows, "best-val", "balanced_acc")
+    at_chosen = [pair(m, ci) for m, _, ci in (_paired(balanced, "fedavg", s) for s in low)]
+    assert f"co-distillation − FedAvg at the chosen rounds is {', '.join(at_chosen)}." in headline_text
+    gains = [
+        _typed(np.mean([best[k] - last[k] for k in best if k[:2] == ("codistill-features", s)])) for s in low
+    ]  # what the chosen round adds to co-distillation's own minority accuracy
+    chosen = [
+        np.median([r["views"]["test"]["best-val"]["selected_round"] + 1 for r in rows
+                   if r["config"]["algorithm"]["name"] == "fedavg" and r["config"]["data"]["skew"] == s])
+        for s in low
+    ]  # fmt: skip
+    assert (
+        f"FedAvg {', '.join(f'{m:g}' for m in chosen)}) co-distillation's minority accuracy is {', '.join(gains)} "
+        in headline_text
+    )
 
     equal = total = 0
     for dataset in ("retinamnist", "pneumoniamnist"):
