@@ -3,7 +3,7 @@
     python study/headlines.py        # report.sh runs it after summary.py
 
 summary.py writes the tables; the sentences that summarised them were typed by hand and had drifted
-from them (a count of the Holm losses, "never beats" where only Holm removes six unadjusted wins, a
+from them (ties said where Holm finds losses, "never beats" where only Holm removes six unadjusted wins, a
 "bit for bit" that holds for 7 runs of 60). This writes those sentences with summary.py's own
 arithmetic (its family, pairs and Holm, imported, not copied) between the ``headline`` markers of
 study/README.md and docs/explanation/study.md: the Holm verdicts per reference and dataset, the
