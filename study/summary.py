@@ -25,6 +25,7 @@ sweep plans is `pending`, so a page regenerated while a stage runs gives no verd
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from pathlib import Path
@@ -65,15 +66,24 @@ def whole_cells(dataset: str, stages: tuple[str, ...]) -> set[str]:
     """``<ledger>#<name>`` of every ledgered run whose whole cell the ledger holds: every run its sweep
     file plans that differs from it only in the seed. A cell still being run counts as not measured
     (pending), so a page written mid-stage never gives a verdict on a cell's first few seeds."""
-    whole = set()
+    whole: set[str] = set()
     for path in ledgers(dataset, stages):
-        held = set(load_ledger(path))
-        cells: dict[tuple[str, ...], list[str]] = {}
-        for run in load_sweep(path.with_name(path.name.removesuffix(".runs.jsonl") + ".yaml")):
-            cell = tuple(o for o in run.overrides if not o.startswith("seed="))
-            cells.setdefault(cell, []).append(run.output.stem)
-        whole |= {f"{path}#{n}" for names in cells.values() if held.issuperset(names) for n in names}
+        sweep = path.with_name(path.name.removesuffix(".runs.jsonl") + ".yaml")
+        files = (path, sweep, path.with_name("base.yaml"))
+        whole |= _whole_in(path, sweep, tuple((f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.exists()))
     return whole
+
+
+@functools.cache
+def _whole_in(path: Path, sweep: Path, stamp: tuple) -> frozenset[str]:
+    """whole_cells for one ledger and its sweep file, read once per version of the files (``stamp``:
+    their mtimes and sizes): expanding a sweep is most of a page's time, and every table asks again."""
+    held = set(load_ledger(path))
+    cells: dict[tuple[str, ...], list[str]] = {}
+    for run in load_sweep(sweep):
+        cell = tuple(o for o in run.overrides if not o.startswith("seed="))
+        cells.setdefault(cell, []).append(run.output.stem)
+    return frozenset(f"{path}#{n}" for names in cells.values() if held.issuperset(names) for n in names)
 
 
 def scored(dataset: str, stages: tuple[str, ...], last: int = 10, select: str = "last", split: str = "test") -> list:
@@ -131,33 +141,46 @@ def unadjusted(entry) -> str:
     return "degenerate" if collapsed else "wins" if ci[0] > 0 else "loses" if ci[1] < 0 else "ties"
 
 
-def primary() -> tuple[list[str], str]:
-    family = []
+def family() -> list[tuple[str, float, str, tuple | None, float, str]]:
+    """The primary family, one row per comparison: (dataset, skew, reference, pairs()'s entry or None
+    when not measured, Holm-adjusted p, verdict), Holm over all 60 (a comparison not measured: p = 1)."""
+    rows = []
     for dataset in PRIMARY:
         got = pairs(dataset, ("main-low", "main-high"), "features")
         for skew in SKEWS:
             for ref in REFS:
-                family.append((dataset, skew, ref, got.get((ref, skew))))
-    adjusted = holm([pvalue(e[0]) if e is not None else 1.0 for *_, e in family])
+                rows.append((dataset, skew, ref, got.get((ref, skew))))
+    adjusted = holm([pvalue(e[0]) if e is not None else 1.0 for *_, e in rows])
+    out = []
+    for (dataset, skew, ref, entry), p in zip(rows, adjusted):
+        if entry is None:
+            verdict = PENDING
+        else:
+            diffs, _, collapsed = entry
+            verdict = "degenerate" if collapsed else ("wins" if diffs.mean() > 0 else "loses") if p < ALPHA else "ties"
+        out.append((dataset, skew, ref, entry, p, verdict))
+    return out
+
+
+def primary() -> tuple[list[str], str]:
+    rows = family()
     lines = [
         "| dataset | skew | paper's claim | mpicd measured (codistill − ref, mean over seeds) "
         "| paired interval (95%, unadjusted) | Holm-adjusted p | verdict |",
         "|---|---|---|---|---|---|---|",
     ]
     tally = {"wins": 0, "ties": 0, "loses": 0, PENDING: 0, "degenerate": 0}
-    for (dataset, skew, ref, entry), p in zip(family, adjusted):
+    for dataset, skew, ref, entry, p, verdict in rows:
         claim = f"codistill's minority accuracy above {ref}'s"
         if entry is None:
-            verdict, measured, ci, padj = PENDING, PENDING, PENDING, PENDING
+            measured, ci, padj = PENDING, PENDING, PENDING
         else:
             measured, ci = fmt_pair(entry)
-            diffs, _, collapsed = entry
-            verdict = "degenerate" if collapsed else ("wins" if diffs.mean() > 0 else "loses") if p < ALPHA else "ties"
             padj = f"{p:.3g}"
         tally[verdict] += 1
         lines.append(f"| {TITLE[dataset]} | {skew:g} | {claim} | {measured} | {ci} | {padj} | {verdict} |")
     counts = ", ".join(f"{k} {v}" for k, v in tally.items() if v)
-    return lines, f"Primary family: {len(family)} comparisons; {counts}."
+    return lines, f"Primary family: {len(rows)} comparisons; {counts}."
 
 
 def label(cell) -> str:

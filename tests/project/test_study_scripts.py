@@ -502,3 +502,147 @@ def test_pause_sh_refuses_every_record_it_cannot_prove(tmp_path):
     assert facts["genuine_stop"]["rc"] == 0 and facts["genuine_stop"]["stopped"], facts["genuine_stop"]
     assert facts["genuine_cont"]["rc"] == 0 and not facts["genuine_cont"]["stopped"], facts["genuine_cont"]
     assert facts["canary_alive"], facts
+
+
+def _ledger(dataset: str, *stages: str) -> list[dict]:
+    here = ROOT / "study" / dataset
+    return [json.loads(x) for s in stages for x in (here / f"{s}.runs.jsonl").read_text().splitlines() if x.strip()]
+
+
+def _minority(rows: list[dict], view: str = "last10", metric: str = "minority_acc") -> dict:
+    """(method, skew, seed) -> the test score, read by hand from the ledger lines (codistill by its share)."""
+    out = {}
+    for r in rows:
+        a = r["config"]["algorithm"]
+        method = f"codistill-{a.get('share', 'features')}" if a["name"] == "codistill" else a["name"]
+        out[(method, r["config"]["data"]["skew"], r["seed"])] = r["views"]["test"][view]["scores"][metric]
+    return out
+
+
+def _paired(scores: dict, ref: str, skew: float):
+    """codistill (features) − ref by seed: mean, p (scipy's paired t-test) and the 95% interval."""
+    from scipy import stats
+
+    seeds = sorted(s for (m, k, s) in scores if m == ref and k == skew)
+    a = [scores[("codistill-features", skew, s)] for s in seeds]
+    b = [scores[(ref, skew, s)] for s in seeds]
+    test = stats.ttest_rel(a, b)
+    ci = test.confidence_interval(0.95)
+    return float(np.mean(np.subtract(a, b))), float(test.pvalue), (float(ci.low), float(ci.high))
+
+
+def _typed(x: float, digits: int = 3) -> str:
+    return f"{x:+.{digits}f}".replace("-", "−")
+
+
+@pytest.fixture(scope="module")
+def headline_text():
+    import headlines
+
+    return headlines.headline()
+
+
+def test_headlines_say_what_scipy_computes_from_the_ledger_lines(headline_text):
+    """The generated sentences against the primary family recomputed here from the ledgers' JSON with
+    scipy and a Holm written out below, not through summary.py: the verdict counts per reference,
+    the comparisons won before Holm, the FedAvg gaps, the best-validation reversal, and stage m's
+    bit-for-bit count (its runs against the main grid's, compared as stored)."""
+    refs = ("fedavg", "fedproto", "feddistill", "fedamp", "local")
+    skews = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9)
+    family = []
+    for dataset in ("retinamnist", "pneumoniamnist"):
+        scores = _minority(_ledger(dataset, "main-low", "main-high"))
+        family += [(dataset, skew, ref, *_paired(scores, ref, skew)) for skew in skews for ref in refs]
+    assert len(family) == 60
+    order = sorted(range(60), key=lambda i: family[i][4])
+    adjusted, running = {}, 0.0
+    for rank, i in enumerate(order):  # Holm's step-down: (m - rank) p, monotone, capped at 1
+        running = max(running, min(1.0, (60 - rank) * family[i][4]))
+        adjusted[i] = running
+    verdict = ["ties" if adjusted[i] >= 0.05 else "wins" if f[3] > 0 else "loses" for i, f in enumerate(family)]
+    lost = {}
+    for f, v in zip(family, verdict):
+        if v == "loses":
+            lost.setdefault((f[0], f[2]), []).append(f[1])
+    assert lost[("retinamnist", "fedamp")] == [0.0, 0.2, 0.6, 0.8, 0.9]  # the 5 Holm losses to FedAMP
+    assert verdict.count("wins") == 0 and verdict.count("loses") == 15
+    assert "wins 0, ties 45, loses 15." in headline_text
+    assert "FedAMP ties 1, loses 5 (skew 0, 0.2, 0.6, 0.8 and 0.9)" in headline_text
+    assert "RetinaMNIST: against FedAvg loses 6; FedProto ties 5, loses 1 (skew 0.9);" in headline_text
+    assert "PneumoniaMNIST: against FedAvg ties 3, loses 3 (skew 0.6, 0.8 and 0.9);" in headline_text
+
+    def pair(mean, ci):
+        ends = [_typed(x, 4 if round(x, 3) == 0 else 3) for x in ci]
+        return f"{_typed(mean)} [{ends[0]}, {ends[1]}]"
+
+    won = [f for f in family if f[5][0] > 0]  # unadjusted: the interval above 0
+    assert [(f[0], f[1], f[2]) for f in won] == [
+        ("retinamnist", 0.0, "fedproto"),
+        ("retinamnist", 0.2, "feddistill"),
+        ("retinamnist", 0.4, "feddistill"),
+        ("pneumoniamnist", 0.0, "fedamp"),
+        ("pneumoniamnist", 0.9, "fedproto"),
+        ("pneumoniamnist", 0.9, "feddistill"),
+    ]
+    assert f"Before Holm co-distillation wins {len(won)} of the 60" in headline_text
+    names = {"fedproto": "FedProto", "feddistill": "FedDistill", "fedamp": "FedAMP"}
+    for f in won:
+        assert f"{names[f[2]]} at {f[1]:g} {pair(f[3], f[5])}" in headline_text, f
+    gaps = {(f[0], f[1]): pair(f[3], f[5]) for f in family if f[2] == "fedavg"}
+    assert (
+        f"RetinaMNIST {gaps[('retinamnist', 0.0)]} at skew 0 and {gaps[('retinamnist', 0.9)]} at 0.9" in headline_text
+    )
+    assert gaps[("retinamnist", 0.9)] == "−0.578 [−0.605, −0.552]"
+
+    rows = _ledger("pneumoniamnist", "main-low", "main-high")
+    low = (0.0, 0.2, 0.4)
+    best, last = _minority(rows, "best-val"), _minority(rows)
+    reversed_ = [pair(m, ci) for m, _, ci in (_paired(best, "fedavg", s) for s in low)]
+    assert reversed_[0].startswith("+0.058 [")
+    assert f"on PneumoniaMNIST at skew 0, 0.2 and 0.4 it becomes {', '.join(reversed_)}" in headline_text
+    balanced = _minority(rows, "best-val", "balanced_acc")
+    at_chosen = [pair(m, ci) for m, _, ci in (_paired(balanced, "fedavg", s) for s in low)]
+    assert f"co-distillation − FedAvg at the chosen rounds is {', '.join(at_chosen)}." in headline_text
+    gains = [
+        _typed(np.mean([best[k] - last[k] for k in best if k[:2] == ("codistill-features", s)])) for s in low
+    ]  # what the chosen round adds to co-distillation's own minority accuracy
+    chosen = [
+        np.median([r["views"]["test"]["best-val"]["selected_round"] + 1 for r in rows
+                   if r["config"]["algorithm"]["name"] == "fedavg" and r["config"]["data"]["skew"] == s])
+        for s in low
+    ]  # fmt: skip
+    assert (
+        f"FedAvg {', '.join(f'{m:g}' for m in chosen)}) co-distillation's minority accuracy is {', '.join(gains)} "
+        in headline_text
+    )
+
+    equal = total = 0
+    for dataset in ("retinamnist", "pneumoniamnist"):
+        main = {
+            (r["config"]["algorithm"]["name"], r["config"]["algorithm"].get("lambda"), r["config"]["algorithm"].get("share"),
+             r["config"]["data"]["skew"], r["seed"]): r
+            for r in _ledger(dataset, "main-low", "main-high")
+        }  # fmt: skip
+        for r in _ledger(dataset, "mechanism", "mechanism-control"):
+            a = r["config"]["algorithm"]
+            key = ("local", None, None) if a["lambda"] == 0 else ("codistill", a["lambda"], a.get("share"))
+            twin = main[(*key, r["config"]["data"]["skew"], r["seed"])]
+            total += 1
+            equal += r["views"] == twin["views"] and r["curves"] == twin["curves"]
+    assert (equal, total) == (7, 60)
+    assert f"{equal} of its {total} runs equal their main-grid twin bit for bit" in headline_text
+
+
+def test_the_committed_headline_blocks_are_a_fresh_generation(headline_text):
+    """Every page holding the headline block holds what headlines.py writes from the committed ledgers
+    now: a ledger or an arithmetic change that moves a headline number fails here until report.sh ran."""
+    import re
+
+    import headlines
+
+    assert len(headlines.PAGES) == 2
+    for page in headlines.PAGES:
+        found = re.findall(
+            r"<!-- headline: begin \(headlines\.py\) -->\n(.*?)\n<!-- headline: end -->", page.read_text(), flags=re.S
+        )
+        assert found == [headline_text], page
