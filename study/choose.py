@@ -173,8 +173,8 @@ def write(dataset: str, chosen: dict, note: str) -> list[str]:
         readings = [chosen["algorithm"][n] for n in ("codistill", "codistill-logits")]
         text = (
             f"# Written by choose.py ({note}; do not edit by hand): the mechanism, co-distillation's "
-            "two readings with eval.diagnostics on (base.yaml) at skew 0 and 0.8 x 5 seeds (the same runs as the main "
-            "grid's, bit for bit, plus /diag).\n"
+            "two readings with eval.diagnostics on (base.yaml) at skew 0 and 0.8 x 5 seeds (the main grid's configs "
+            "and seeds plus /diag; bit for bit the main grid's runs only on the same CPU model and threads per rank).\n"
             + dump(dataset, "mechanism.yaml", {"algorithm": readings, "data.skew": [0.0, 0.8], "seed": FIVE}, {})
         )
         (HERE / dataset / "mechanism.yaml").write_text(text)

@@ -13,4 +13,5 @@ for d in pneumoniamnist retinamnist breastmnist; do bash study/$d/report.sh; don
 .venv/bin/python study/headlines.py
 .venv/bin/python study/mechanism.py
 .venv/bin/python study/fairness.py
+.venv/bin/python study/consortium_table.py
 .venv/bin/python study/progress.py

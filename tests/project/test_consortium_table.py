@@ -181,3 +181,17 @@ def test_the_paragraph_says_what_the_table_shows(ledgers):
         "| FedRoD (generic model) | 179,500 | 0.400 [0.400, 0.400] | 0.500 [0.500, 0.500] | – | pending | pending | 9 |"
     )
     assert generic in text  # its /metrics/generic_* last-10 means
+
+
+def test_the_committed_page_and_readme_block_are_a_fresh_generation():
+    """consortium.md and README.md's consortium block are what the committed ledgers give now: a ledger
+    committed without `bash study/report.sh` (or an edit by hand) fails here."""
+    cells = {d: ct.load(d) for d in ct.DATASETS}
+    v = ct.verdicts(cells)
+    text, summary = ct.page(cells, v)
+    assert (ROOT / "study" / "consortium.md").read_text() == text
+    readme = (ROOT / "study" / "README.md").read_text()
+    assert (
+        "<!-- consortium: begin (consortium_table.py) -->\n" + "\n".join(summary) + "\n<!-- consortium: end -->"
+        in readme
+    )
