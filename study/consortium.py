@@ -55,13 +55,19 @@ PINNED = {"eval.diagnostics": False, "clients_per_rank": "balanced"}
 RULE = "highest mean over seeds of val_balanced_acc (mean over clients, last 10 rounds); test never read"
 FEDLC = [0.3, 1.0, 3.0, 10.0]  # tau; PFLlib's default 1.0
 FEDRS = [0.1, 0.5, 0.9]  # alpha; the authors' sweep
-CCVR = [0.01, 0.1, 1.0]  # calibration_lr; FL-bench's 0.01
+CCVR = [0.01, 0.1, 1.0]  # calibration_lr; FL-bench's 0.01 (a tie goes to the first: the default)
+# Appended after the first pass chose a grid's edge (FedLC's tau 10 on both datasets, FedRS's alpha 0.1
+# on RetinaMNIST; CCVR's three were within 0.0001, a flat surface, not extended; FedRS's
+# alpha 0.9 on PneumoniaMNIST borders alpha 1, which is FedAvg): at the END of each list, so that the
+# first pass's runs keep their numbers and files.
+FEDLC_APPENDED = [30.0]
+FEDRS_APPENDED = [0.0]
 BALANCED_SAMPLER = {"train.sampler": ["balanced"]}
 BALANCED_LOSS = {"train.loss": ["balanced"]}
 TUNED = (  # row, its parameter, the grid
-    ("fedlc", "tau", FEDLC),
-    ("fedlc+sampler-balanced", "tau", FEDLC),
-    ("fedrs", "alpha", FEDRS),
+    ("fedlc", "tau", sorted(FEDLC + FEDLC_APPENDED)),
+    ("fedlc+sampler-balanced", "tau", sorted(FEDLC + FEDLC_APPENDED)),
+    ("fedrs", "alpha", sorted(FEDRS + FEDRS_APPENDED)),
     ("ccvr", "calibration_lr", CCVR),
 )
 MOONSHOT_BYTES = 1024  # at most 1 KB per client per round
@@ -78,17 +84,23 @@ def tuning_files(dataset: str) -> dict[str, tuple[str, dict, dict]]:
     read = readings(dataset)
     return {
         "consortium-tune.yaml": (
-            f"FedLC tau {FEDLC}, FedRS alpha {FEDRS} (soft), CCVR calibration_lr {CCVR}",
+            f"FedLC tau {FEDLC}, FedRS alpha {FEDRS} (soft), CCVR calibration_lr {CCVR}; appended at the grids' "
+            f"edges: FedLC tau {FEDLC_APPENDED}, FedRS alpha {FEDRS_APPENDED}",
             {},
             [{"name": "fedlc", "tau": t} for t in FEDLC]
             + [{"name": "fedrs", "alpha": a} for a in FEDRS]
-            + [{"name": "ccvr", "calibration_lr": lr} for lr in CCVR],
+            + [{"name": "ccvr", "calibration_lr": lr} for lr in CCVR]
+            + [{"name": "fedlc", "tau": t} for t in FEDLC_APPENDED]
+            + [{"name": "fedrs", "alpha": a} for a in FEDRS_APPENDED],
         ),
         "consortium-tune-sampler.yaml": (
-            f"train.sampler balanced: FedLC tau {FEDLC} (its own row); moonshot candidates the logit reading "
+            f"train.sampler balanced: FedLC tau {FEDLC} (its own row; {FEDLC_APPENDED} appended at the edge); "
+            "moonshot candidates the logit reading "
             "(chosen.yaml's lambda) and local",
             BALANCED_SAMPLER,
-            [{"name": "fedlc", "tau": t} for t in FEDLC] + [read["logits"], {"name": "local"}],
+            [{"name": "fedlc", "tau": t} for t in FEDLC]
+            + [read["logits"], {"name": "local"}]
+            + [{"name": "fedlc", "tau": t} for t in FEDLC_APPENDED],
         ),
         "consortium-tune-loss.yaml": (
             "train.loss balanced: moonshot candidates the logit and feature readings (chosen.yaml's lambda) and local",

@@ -94,7 +94,7 @@ consortium() { for d in retinamnist pneumoniamnist; do [ -f "$here/$d/$1" ] || {
 if want k1; then
   chosen pneumoniamnist a1
   chosen retinamnist a2
-  stage k1 "consortium tuning on the validation split, skew 0.8, seeds 100-101 (76 runs)"
+  stage k1 "consortium tuning on the validation split, skew 0.8, seeds 100-101 (88 runs)"
   for d in retinamnist pneumoniamnist; do
     ds "$d" consortium-tune consortium-tune-sampler consortium-tune-loss
     .venv/bin/python "$here/consortium.py" choose "$d"

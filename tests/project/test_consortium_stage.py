@@ -43,6 +43,8 @@ TABLE = {  # (option, method, parameter) -> mean validation score
     ("-", "fedrs", 0.1): 0.70,
     ("-", "fedrs", 0.5): 0.65,
     ("-", "fedrs", 0.9): 0.66,
+    ("-", "fedlc", 30.0): 0.59,  # the values appended at the first pass's edges
+    ("-", "fedrs", 0.0): 0.72,
     ("-", "ccvr", 0.01): 0.50,
     ("-", "ccvr", 0.1): 0.55,
     ("-", "ccvr", 1.0): 0.52,
@@ -50,6 +52,7 @@ TABLE = {  # (option, method, parameter) -> mean validation score
     ("sampler", "fedlc", 1.0): 0.60,
     ("sampler", "fedlc", 3.0): 0.63,
     ("sampler", "fedlc", 10.0): 0.62,
+    ("sampler", "fedlc", 30.0): 0.625,
     ("sampler", "codistill-logits", 0): 0.68,
     ("sampler", "local", 0): 0.67,
     ("loss", "codistill-logits", 0): 0.69,
@@ -89,8 +92,8 @@ def ledgers(folder, table: dict, skip: str | None = None) -> None:
 def test_the_tuning_files_plan_every_setting_twice_at_skew_08(stage):
     planned = {name: load_sweep(stage / DATASET / name) for name in consortium.tuning_files(DATASET)}
     assert {name: len(runs) for name, runs in planned.items()} == {
-        "consortium-tune.yaml": 20,  # 4 tau + 3 alpha + 3 lr, 2 seeds
-        "consortium-tune-sampler.yaml": 12,  # 4 tau + logits + local
+        "consortium-tune.yaml": 24,  # 4 tau + 3 alpha + 3 lr + tau 30 + alpha 0, 2 seeds
+        "consortium-tune-sampler.yaml": 14,  # 4 tau + logits + local + tau 30
         "consortium-tune-loss.yaml": 6,  # logits + features + local
     }
     for runs in planned.values():
@@ -105,11 +108,11 @@ def test_choices_are_the_best_mean_validation_scores_and_the_moonshot_the_best_c
     chosen = consortium.choose(DATASET)
     assert chosen["algorithm"]["fedlc"] == {"name": "fedlc", "tau": 1.0}
     assert chosen["algorithm"]["fedlc+sampler-balanced"] == {"name": "fedlc", "tau": 3.0}
-    assert chosen["algorithm"]["fedrs"] == {"name": "fedrs", "alpha": 0.1}
+    assert chosen["algorithm"]["fedrs"] == {"name": "fedrs", "alpha": 0.0}
     assert chosen["algorithm"]["ccvr"] == {"name": "ccvr", "calibration_lr": 0.1}
     assert chosen["scores"]["fedlc"]["{name: fedlc, tau: 1.0}"] == 0.64  # the mean of 0.65 and 0.63
     assert chosen["moonshot"]["pick"] == "codistill+loss-balanced"  # 0.71, the feature reading at lambda 3
-    assert chosen["at_grid_edge"] == {"fedrs": {"alpha": 0.1}}
+    assert chosen["at_grid_edge"] == {"fedrs": {"alpha": 0.0}}  # the appended value, at the new edge
     files = consortium.study_files(DATASET, chosen)
     assert set(files) == {
         "consortium.yaml",
@@ -129,7 +132,7 @@ def test_choices_are_the_best_mean_validation_scores_and_the_moonshot_the_best_c
     algorithms = {dict(o.split("=", 1) for o in r.overrides)["algorithm"] for r in runs["consortium.yaml"]}
     assert algorithms == {
         "{name: fedlc, tau: 1.0}",
-        "{alpha: 0.1, name: fedrs}",
+        "{alpha: 0.0, name: fedrs}",
         "{name: fedrod}",
         "{calibration_lr: 0.1, name: ccvr}",
     }
