@@ -11,7 +11,8 @@ evidence. It writes one Markdown table per check to --out (default results/gpu_c
 1. placement: ``mpirun -n R`` ranks each report the device mpicd.mpi.placement gave them, under
    CUDA_VISIBLE_DEVICES unset, a subset listed in another order, and more ranks than GPUs (the ranks
    then share the visible GPUs round robin); each rank's GPU is identified by its UUID and checked
-   against the entry of CUDA_VISIBLE_DEVICES its local rank should get. On CPU: ranks and threads.
+   against the entry of CUDA_VISIBLE_DEVICES its local rank should get (CUDA_DEVICE_ORDER=PCI_BUS_ID,
+   so that CUDA's indices are nvidia-smi's). On CPU: ranks and threads.
 2. determinism: the same ``mpicd run`` twice (2 ranks, 2 clients, the config's model and data); every
    /metrics dataset except timings compared bit for bit, and the statement of what is promised.
 3. throughput: 1, 8 and 32 clients on one rank (clients in turn, ``clients_per_rank: balanced``), and
@@ -138,7 +139,9 @@ def check_placement(cpu: bool, gpus: int) -> tuple[list[str], bool]:
     rows.append("|---|---|---|---|---|---|---|")
     failures = 0
     for what, ranks, visible in placement_cases(gpus, cpu):
-        env = {"CUDA_VISIBLE_DEVICES": visible}  # None: unset
+        # None: unset. PCI bus order, so that CUDA's indices are nvidia-smi's (CUDA's default, fastest
+        # first, can differ on a node of mixed GPU models, and the check compares against nvidia-smi)
+        env = {"CUDA_VISIBLE_DEVICES": visible, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         done = mpi(ranks, ["tools/gpu_check.py", "probe", "cpu" if cpu else "auto"], env)
         every = json.loads(done.stdout.strip().splitlines()[-1])
         for r in sorted(every, key=lambda r: r["rank"]):
