@@ -4,17 +4,17 @@
                                           # consortium-pareto.png and README.md's consortium block
 
 One table per dataset and skew (0.8, 0.9): per method, the bytes a client moves per round, (sent +
-received) / 2 as every mpicd table counts them (mean over the rounds and the clients: the ledger's per-
-rank mean times ranks over clients, so runs that pack two clients on a rank count per client too),
-held-out minority and balanced accuracy (test split, mean over clients of the last 10 rounds; mean over
-the 10 seeds with its 95% t-interval), the personalised score (personal_acc: each client's test recalls
-weighted by its training class mix), and the verdict against FedAvg and against local training with the
-balanced sampler (0 bytes): paired by seed, two-sided t-test, Holm over the stage's whole family (every
-row against both references in every cell; a comparison not measured yet counts as p = 1), wins / loses
-at adjusted p < 0.05. The last round alone is a secondary table (CCVR recalibrates in the last round
-only, so its last-10 mean is nine tenths FedAvg's), never counted in a verdict. The paragraph a
-hospital can act on and the moonshot's answer are generated from the same numbers, so they cannot drift
-from the table.
+received) / 2 as every mpicd table counts them (the ledger's bytes_per_round: the mean over rounds and
+clients of /metrics/bytes_*, which are per client however many clients share a rank), held-out minority
+and balanced accuracy (test split, mean over clients of the last 10 rounds; mean over the 10 seeds with
+its 95% t-interval), the personalised score (personal_acc: each client's test recalls weighted by its
+training class mix), and the verdict against FedAvg and against local training with the balanced
+sampler (0 bytes): paired by seed, two-sided t-test, Holm over the stage's whole family (every row
+against both references in every cell; a comparison not measured yet counts as p = 1), wins / loses at
+adjusted p < 0.05. The last round alone is a secondary table (CCVR recalibrates in the last round only,
+so its last-10 mean is nine tenths FedAvg's), never counted in a verdict. The paragraph a hospital can
+act on and the moonshot's answer are generated from the same numbers, so they cannot drift from the
+table.
 
 Rows come from the main grid's ledgers (main-high: FedAvg, local, co-distillation's two readings,
 FedProto, FedDistill, FedAMP; the same configs and seeds) and the consortium stage's (consortium.py).
@@ -44,6 +44,8 @@ ALPHA = 0.05
 STAGES = ("main-high", "consortium", "consortium-sampler", "consortium-moonshot", "consortium-references")
 REFERENCES = ("FedAvg", "local + balanced sampler")
 MOONSHOT_BYTES = 1024
+PENDING = "pending"  # a row missing some of its 10 seeds shows no score (summary.py's whole cells: no number
+# read off a cell's first seeds)
 
 
 @dataclass
@@ -70,7 +72,9 @@ class Row:
         return np.array([_nan(r["curves"][metric][-1]) for _, r in sorted(self.runs.items())])
 
     def bytes_per_client(self) -> float:
-        return float(np.mean([r["bytes_per_round"] * r["ranks"] / r["clients"] for r in self.runs.values()]))
+        """The ledger's bytes_per_round: the mean over rounds and clients of each client's (sent + received)
+        / 2 in /metrics/bytes_* (per client, however many clients share a rank)."""
+        return float(np.mean([r["bytes_per_round"] for r in self.runs.values()]))
 
     @property
     def whole(self) -> bool:
@@ -231,9 +235,10 @@ def table(dataset: str, skew: float, rows: dict[str, Row], v: dict) -> list[str]
         cols = [
             name,
             f"{row.bytes_per_client():,.0f}",
-            fmt(*interval(row.scores("minority_acc"))),
-            fmt(*interval(row.scores("balanced_acc"))),
-            fmt(*interval(row.scores("personal_acc"))),
+            *(
+                fmt(*interval(row.scores(m))) if row.whole else PENDING
+                for m in ("minority_acc", "balanced_acc", "personal_acc")
+            ),
             *("(reference)" if name == ref else fmt_verdict(v[(dataset, skew, name, ref)]) for ref in REFERENCES),
             str(len(row.runs)),
         ]
@@ -249,7 +254,8 @@ def last_round_table(dataset: str, skew: float, rows: dict[str, Row]) -> list[st
     for name in order(rows):
         got = paired(rows[name], rows["FedAvg"], last_round=True) if "FedAvg" in rows and name != "FedAvg" else None
         diff = "–" if got is None else "{:+.3f} [{:+.3f}, {:+.3f}]".format(*interval(got[0]))
-        lines.append(f"| {name} | {fmt(*interval(rows[name].last_round('minority_acc')))} | {diff} |")
+        score = fmt(*interval(rows[name].last_round("minority_acc"))) if rows[name].whole else PENDING
+        lines.append(f"| {name} | {score} | {diff} |")
     return lines
 
 
@@ -376,6 +382,8 @@ def write_csv(all_cells: dict, v: dict, path: Path) -> None:
             for skew, rows in cells.items():
                 for name in order(rows):
                     row = rows[name]
+                    if not row.whole:  # no score off a cell's first seeds
+                        continue
                     m = interval(row.scores("minority_acc"))
                     refs = []
                     for ref in REFERENCES:
