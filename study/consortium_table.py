@@ -37,6 +37,10 @@ import yaml
 from scipy import stats
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from summary import between, holm, pvalue  # noqa: E402  (the study's Holm and paired p, one copy)
+
 DATASETS = {"retinamnist": "RetinaMNIST", "pneumoniamnist": "PneumoniaMNIST"}
 SKEWS = (0.8, 0.9)
 SEEDS = tuple(range(10))
@@ -157,19 +161,7 @@ def paired(
         return None
     get = (lambda r: r.last_round(metric)) if last_round else (lambda r: r.scores(metric))
     diffs = get(row) - get(ref)
-    if np.allclose(diffs, diffs[0]):
-        return diffs, (1.0 if diffs[0] == 0 else 0.0)
-    return diffs, float(stats.ttest_1samp(diffs, 0.0).pvalue)
-
-
-def holm(ps: list[float]) -> list[float]:
-    """Holm's step-down adjusted p-values."""
-    m, order = len(ps), sorted(range(len(ps)), key=lambda i: ps[i])
-    adjusted, running = [1.0] * m, 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * ps[i]))
-        adjusted[i] = running
-    return adjusted
+    return diffs, pvalue(diffs)
 
 
 def verdicts(all_cells: dict) -> dict[tuple[str, float, str, str], dict]:
@@ -447,9 +439,6 @@ def main() -> int:
     write_csv(all_cells, v, HERE / "consortium.csv")
     pareto(all_cells, HERE / "consortium-pareto.png")
     readme = HERE / "README.md"
-    sys.path.insert(0, str(HERE))
-    from summary import between
-
     try:
         readme.write_text(between(readme.read_text(), "consortium", "\n".join(summary), "consortium_table.py"))
     except ValueError as err:
