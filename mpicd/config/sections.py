@@ -18,15 +18,27 @@ from mpicd.core.schema import show as _show
 
 @dataclass
 class DataConfig:
-    name: Literal["breast_cancer", "medmnist", "aptos", "covid"] = spec(
-        "breast_cancer", doc="dataset format; breast_cancer is built in (no download)"
+    name: Literal["breast_cancer", "medmnist", "imagefolder", "aptos", "covid"] = spec(
+        "breast_cancer",
+        doc="dataset format; breast_cancer is built in (no download); imagefolder: your own images, one "
+        "folder per class",
     )
-    path: Optional[str] = spec(None, doc="medmnist: the .npz file; aptos/covid: the dataset folder")
-    image_size: Optional[int] = spec(None, ge=8, doc="resize images to this square size (aptos/covid default 64)")
+    path: Optional[str] = spec(None, doc="medmnist: the .npz file; imagefolder/aptos/covid: the dataset folder")
+    display_name: Optional[str] = spec(
+        None,
+        doc="imagefolder: the dataset's name in reports and the results file (default: the folder's name)",
+    )
+    image_size: Optional[int] = spec(
+        None,
+        ge=8,
+        doc="resize images to this square size (aptos/covid default 64; imagefolder and medmnist default: "
+        "their own size, not resized)",
+    )
     classes: Optional[list[str]] = spec(
         None,
-        doc="covid: class folders in label order (default Normal, COVID); medmnist: class names in label "
-        "order, after label_map (default: the file's known names, else class0, class1, ...)",
+        doc="imagefolder/covid: class folders in label order (imagefolder default: every folder, sorted by "
+        "name, or by number where all names are integers; covid default Normal, COVID); medmnist: class "
+        "names in label order, after label_map (default: the file's known names, else class0, class1, ...)",
     )
     label_map: Optional[list[int]] = spec(
         None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mpicd.config.sections import ConfigError, DataConfig
-from mpicd.data import aptos, breast_cancer, covid, medmnist
+from mpicd.data import aptos, breast_cancer, covid, imagefolder, medmnist
 from mpicd.data.base import Arrays, Dataset
 
 __all__ = ["Arrays", "Dataset", "LOADERS", "load_dataset"]
@@ -14,6 +14,7 @@ __all__ = ["Arrays", "Dataset", "LOADERS", "load_dataset"]
 LOADERS: dict[str, Callable[[DataConfig], Dataset]] = {
     "breast_cancer": breast_cancer.load,
     "medmnist": medmnist.load,
+    "imagefolder": imagefolder.load,
     "aptos": aptos.load,
     "covid": covid.load,
 }

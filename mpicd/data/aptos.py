@@ -11,7 +11,15 @@ import csv
 import numpy as np
 
 from mpicd.config.sections import ConfigError, DataConfig
-from mpicd.data.base import check_fits_in_memory, Dataset, existing_path, read_grey_png, reject_unused, split_dataset
+from mpicd.data.base import (
+    check_fits_in_memory,
+    Dataset,
+    existing_path,
+    read_grey_png,
+    reject_unused,
+    resized_text,
+    split_dataset,
+)
 
 CLASS_NAMES = ("no_dr", "dr")
 DEFAULT_SIZE = 64
@@ -19,7 +27,7 @@ GRADES = ("0", "1", "2", "3", "4")
 
 
 def load(cfg: DataConfig) -> Dataset:
-    reject_unused(cfg, "classes", "label_map")
+    reject_unused(cfg, "classes", "label_map", "display_name")
     root = existing_path(cfg, want_dir=True, what="the APTOS 2019 folder holding train.csv and train_images/")
     table = root / "train.csv"
     if not table.is_file():
@@ -61,4 +69,13 @@ def load(cfg: DataConfig) -> Dataset:
     check_fits_in_memory(len(paths), 1, size, str(root))
     images = [read_grey_png(image, size, f"listed in {str(table)!r} line {line}") for image, line in paths]
     y = np.asarray(labels, dtype=np.int64)
-    return split_dataset("aptos", "image", np.stack(images)[:, None], y, CLASS_NAMES, cfg, str(table))
+    return split_dataset(
+        "aptos",
+        "image",
+        np.stack(images)[:, None],
+        y,
+        CLASS_NAMES,
+        cfg,
+        str(table),
+        resized_text(size, cfg.image_size is None),
+    )

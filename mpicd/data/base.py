@@ -42,7 +42,9 @@ class Dataset:
     and ``normalization`` (plain Python values) say how each was made, for the results file.
     ``label_map``: the class each label of the file became (position = the file's label), None when
     the labels are the file's own; ``md5``: the hex md5 of the data file the arrays were read from
-    (MedMNIST), None for other formats.
+    (MedMNIST), None for other formats; ``preprocessing``: what reading did to the images (channels,
+    resize), where the loader says; ``warnings``: what the loader found suspect but not wrong (shown
+    by ``mpicd check`` and ``mpicd run``).
     """
 
     name: str
@@ -57,6 +59,8 @@ class Dataset:
     normalization: dict
     label_map: tuple[int, ...] | None = None
     md5: str | None = None
+    preprocessing: str | None = None
+    warnings: tuple[str, ...] = ()
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -98,6 +102,12 @@ def existing_path(cfg: DataConfig, want_dir: bool, what: str) -> Path:
 # What PIL raises on a file that is not an image, is cut short, or is corrupt inside (a broken chunk
 # is a SyntaxError, a header claiming billions of pixels a DecompressionBombError).
 UNREADABLE_IMAGE = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
+
+
+def resized_text(size: int, default: bool) -> str:
+    """The ``preprocessing`` of a format that reads every image as grey at one square size."""
+    why = "data.image_size's default for this format" if default else "data.image_size"
+    return f"grey, 1 channel; every image resized to {size}x{size} ({why}; PIL bilinear)"
 
 
 def read_grey_png(path: Path, size: int, listed: str = "") -> np.ndarray:
@@ -171,6 +181,29 @@ def stratified_split(
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(val)), np.sort(np.concatenate(test))
 
 
+def stratified_holdout(
+    y: np.ndarray, cfg: DataConfig, class_names: tuple[str, ...], source: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted (train, val) indices where the test split is the user's own: round(val_fraction * n) of
+    each class's n cases for validation, from ``split_seed``'s validation stream, the rest for training;
+    each at least 1, or an error naming ``source``."""
+    val_rng = seeds.rng(cfg.split_seed, seeds.VAL)
+    train, val = [], []
+    for c, name in enumerate(class_names):
+        idx = val_rng.permutation(np.flatnonzero(y == c))
+        n = len(idx)
+        n_val = _rounded(cfg.val_fraction, n)
+        if min(n_val, n - n_val) < 1:
+            raise ConfigError(
+                "data.val_fraction",
+                f"class {name!r} has {n} cases in {source}; val_fraction={cfg.val_fraction} leaves {n_val} "
+                f"for validation and {n - n_val} for training; each must be at least 1",
+            )
+        val.append(idx[:n_val])
+        train.append(idx[n_val:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
+
+
 def split_descriptions(cfg: DataConfig, n_val: int, n_test: int, unit: str) -> tuple[str, str]:
     """The ``eval_split`` and ``val_split`` texts of a split made by :func:`stratified_split`."""
     return (
@@ -212,6 +245,7 @@ def make_dataset(
     val_split: str,
     label_map: tuple[int, ...] | None = None,
     md5: str | None = None,
+    preprocessing: str | None = None,
 ) -> Dataset:
     """Standardise the splits (:func:`standardise`) and wrap them in a Dataset."""
     train, val, test, stats = standardise(train, val, test, "images" if kind == "image" else "cases")
@@ -228,15 +262,29 @@ def make_dataset(
         normalization=stats,
         label_map=label_map,
         md5=md5,
+        preprocessing=preprocessing,
     )
 
 
 def split_dataset(
-    name: str, kind: str, x: np.ndarray, y: np.ndarray, class_names: tuple[str, ...], cfg: DataConfig, source: str
+    name: str,
+    kind: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    class_names: tuple[str, ...],
+    cfg: DataConfig,
+    source: str,
+    preprocessing: str | None = None,
 ) -> Dataset:
     """``x, y`` split with :func:`stratified_split` and standardised into a Dataset."""
     train, val, test = stratified_split(y, cfg, class_names, source)
     eval_split, val_split = split_descriptions(cfg, len(val), len(test), "images" if kind == "image" else "cases")
     return make_dataset(
-        name, kind, *(Arrays(x[i], y[i]) for i in (train, val, test)), class_names, eval_split, val_split
+        name,
+        kind,
+        *(Arrays(x[i], y[i]) for i in (train, val, test)),
+        class_names,
+        eval_split,
+        val_split,
+        preprocessing=preprocessing,
     )

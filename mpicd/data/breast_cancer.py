@@ -18,7 +18,7 @@ CLASS_NAMES = ("malignant", "benign")
 
 
 def load(cfg: DataConfig) -> Dataset:
-    reject_unused(cfg, "path", "image_size", "classes", "label_map")
+    reject_unused(cfg, "path", "image_size", "classes", "label_map", "display_name")
     data, target = bundled()
     return split_dataset(
         "breast_cancer",

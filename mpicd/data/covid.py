@@ -9,14 +9,22 @@ from __future__ import annotations
 import numpy as np
 
 from mpicd.config.sections import ConfigError, DataConfig
-from mpicd.data.base import check_fits_in_memory, Dataset, existing_path, read_grey_png, reject_unused, split_dataset
+from mpicd.data.base import (
+    check_fits_in_memory,
+    Dataset,
+    existing_path,
+    read_grey_png,
+    reject_unused,
+    resized_text,
+    split_dataset,
+)
 
 DEFAULT_CLASSES = ("Normal", "COVID")
 DEFAULT_SIZE = 64
 
 
 def load(cfg: DataConfig) -> Dataset:
-    reject_unused(cfg, "label_map")
+    reject_unused(cfg, "label_map", "display_name")
     root = existing_path(cfg, want_dir=True, what="the COVID-19 Radiography Database folder")
     classes = tuple(cfg.classes) if cfg.classes is not None else DEFAULT_CLASSES
     if len(classes) < 2 or len(set(classes)) != len(classes):
@@ -40,4 +48,13 @@ def load(cfg: DataConfig) -> Dataset:
     check_fits_in_memory(len(files), 1, size, str(root))
     images = [read_grey_png(f, size) for f in files]
     x = np.stack(images)[:, None]
-    return split_dataset("covid", "image", x, np.asarray(labels, dtype=np.int64), classes, cfg, str(root))
+    return split_dataset(
+        "covid",
+        "image",
+        x,
+        np.asarray(labels, dtype=np.int64),
+        classes,
+        cfg,
+        str(root),
+        resized_text(size, cfg.image_size is None),
+    )

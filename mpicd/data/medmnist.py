@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from mpicd.config.sections import ConfigError, DataConfig
-from mpicd.data.base import Arrays, check_fits_in_memory, Dataset, existing_path, make_dataset
+from mpicd.data.base import reject_unused, Arrays, check_fits_in_memory, Dataset, existing_path, make_dataset
 
 SPLITS = ("train", "val", "test")
 KNOWN_CLASS_NAMES = {
@@ -198,6 +198,7 @@ def _class_names(cfg: DataConfig, name: str, labels: int, path: Path) -> tuple[t
 
 
 def load(cfg: DataConfig) -> Dataset:
+    reject_unused(cfg, "display_name")
     path = existing_path(cfg, want_dir=False, what="a MedMNIST .npz file")
     arrays = _read(path)
     first = arrays["train_images"]
@@ -248,4 +249,14 @@ def load(cfg: DataConfig) -> Dataset:
         val_split=f"official val split of {path.name} ({len(splits['val'].y)} images)",
         label_map=None if lookup is None else tuple(int(v) for v in lookup),
         md5=md5,
+        preprocessing=_preprocessing(first, cfg.image_size),
     )
+
+
+def _preprocessing(first: np.ndarray, size: int | None) -> str:
+    """Channels and resize, for ``mpicd check`` and the results file (``first``: train_images as stored)."""
+    read = "RGB, 3 channels" if first.ndim == 4 else "grey, 1 channel"
+    side = f"{first.shape[1]}x{first.shape[2]}"
+    if size is None:
+        return f"{read}; read at their own size ({side}), not resized"
+    return f"{read}; every image resized from {side} to {size}x{size} (data.image_size; antialiased bilinear)"

@@ -4,7 +4,8 @@ Layout (a contract the report and later tools rely on)::
 
     /                       attrs: config (YAML), mpicd_version, versions (YAML), algorithm,
                                    clients, rounds, num_parameters, feature_dim, num_classes,
-                                   eval_split, val_split, normalization (YAML), backends (YAML:
+                                   eval_split, val_split, normalization (YAML), preprocessing (what
+                                   reading did to the images: channels, resize), backends (YAML:
                                    deterministic algorithms, cuDNN and TF32 settings), writer
                                    ("mpio" | "serial"), completed_rounds, resumed_at (list of the
                                    rounds a resumed job started from), run_id (16 hex digits drawn

@@ -65,6 +65,7 @@ def results_attrs(plan: Plan, client: Client) -> dict:
         "eval_split": dataset.eval_split,
         "val_split": getattr(dataset, "val_split", "none"),
         "normalization": yaml.safe_dump(getattr(dataset, "normalization", None), sort_keys=False),
+        "preprocessing": getattr(dataset, "preprocessing", None) or "none",
         "backends": yaml.safe_dump(backend_settings(), sort_keys=False),
         "payload_sizes": yaml.safe_dump(asdict(Sizes.of(client.model, plan.config.clients)), sort_keys=False),
         **privacy_attrs(plan),

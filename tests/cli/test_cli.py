@@ -240,3 +240,34 @@ def test_check_prints_each_clients_optimizer_steps_for_the_whole_run():
     assert lines[header].rstrip().endswith("optimizer steps")
     for row in lines[header + 1 : header + 5]:
         assert row.split()[-1] == "105" and "4x10 + 1x11" in row, row
+
+
+def test_check_warns_when_a_client_takes_fewer_than_100_steps():
+    """5 steps an epoch (as above) x 3 epochs: 6 rounds are 90 steps (a warning naming the client, its
+    steps and the keys to raise), 7 rounds 105 (none). Exit 0 either way: a warning, not an error."""
+    few = mpicd_cli("check", str(QUICKSTART), "rounds=6", "train.local_epochs=3", "train.batch_size=10")
+    assert few.returncode == 0, few.stderr
+    (warning,) = [line for line in few.stdout.splitlines() if line.startswith("warning:")]
+    assert warning.startswith("warning: client 0 takes 90 optimizer steps in the whole run, fewer than 100: ")
+    assert "raise rounds (now 6), train.local_epochs (now 3)" in warning and "train.batch_size (now 10)" in warning
+    enough = mpicd_cli("check", str(QUICKSTART), "rounds=7", "train.local_epochs=3", "train.batch_size=10")
+    assert enough.returncode == 0 and "warning:" not in enough.stdout, enough.stdout
+
+
+def test_check_names_the_data_its_input_shape_and_what_reading_did(tmp_path):
+    from fixtures_data import write_imagefolder
+
+    write_imagefolder(tmp_path / "scans", {"train": {"a": 30, "b": 30}, "test": {"a": 5, "b": 5}}, size=(8, 8))
+    config = tmp_path / "c.yaml"
+    config.write_text(f"clients: 2\ndata:\n  name: imagefolder\n  path: {tmp_path / 'scans'}\n  display_name: Scans\n")
+    result = mpicd_cli("check", str(config))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    # validation: round(0.1 * 30) = 3 of each class of train/; the rest (54) trains
+    assert "data: Scans (imagefolder), 2 classes, 54 train, 6 validation, 10 test; input 1x8x8" in lines
+    assert "images: grey, 1 channel; read at their own size, not resized" in lines
+    resized = mpicd_cli("check", str(config), "data.image_size=16")
+    assert (
+        "images: grey, 1 channel; every image resized to 16x16 (data.image_size; PIL bilinear) from 8x8"
+        in resized.stdout
+    )

@@ -192,7 +192,7 @@ def test_an_absurd_label_is_refused_before_allocating_a_class_per_value(tmp_path
     )
 
 
-@pytest.mark.parametrize("fmt", ["medmnist", "aptos", "covid"])
+@pytest.mark.parametrize("fmt", ["medmnist", "aptos", "covid", "imagefolder"])
 def test_an_image_size_no_machine_can_hold_is_refused_before_resizing(fmt, tmp_path):
     """10**6 x 10**6 float32 pixels are 4 TB per image: refused naming the key, in a 6 GB child."""
     if fmt == "medmnist":
@@ -202,7 +202,7 @@ def test_an_image_size_no_machine_can_hold_is_refused_before_resizing(fmt, tmp_p
         write_aptos(tmp_path / "aptos", DIAGNOSES)
         data = {"name": fmt, "path": str(tmp_path / "aptos")}
     else:
-        write_covid(tmp_path / "covid", {"Normal": 8, "COVID": 8})
+        write_covid(tmp_path / "covid", {"Normal": 8, "COVID": 8})  # Normal/images/, COVID/images/: classes
         data = {"name": fmt, "path": str(tmp_path / "covid")}
     one_line(
         *check_command(config(tmp_path, {**data, "image_size": 10**6})),

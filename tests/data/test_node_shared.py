@@ -85,3 +85,20 @@ def test_too_little_shared_memory_is_a_config_error(tmp_path):
     check_room(10 * free, str(tmp_path / "absent"))  # no such folder: Open MPI puts it elsewhere
     with pytest.raises(ConfigError, match=r"data\.path: the dataset needs .* MiB of shared memory .*--shm-size"):
         check_room(free + 2**30, str(tmp_path))
+
+
+def test_an_image_folder_is_shared_with_its_preprocessing_and_warnings(tmp_path):
+    """The image-folder format read once per node: RGB arrays, the ``preprocessing`` text and the
+    ``warnings`` tuple (a test image that is also a training image) equal on every rank to a private load."""
+    from PIL import Image
+
+    from fixtures_data import write_imagefolder
+
+    write_imagefolder(tmp_path / "scans", {"train": {"a": 12, "b": 12}, "test": {"a": 3, "b": 3}})
+    Image.new("RGB", (12, 10), (200, 10, 10)).save(tmp_path / "scans" / "train" / "b" / "red.png")
+    (tmp_path / "scans" / "test" / "a" / "dup.png").write_bytes((tmp_path / "scans/train/a/000.png").read_bytes())
+    config = tmp_path / "scans.yaml"
+    config.write_text(f"clients: 3\nrounds: 1\ndata:\n  name: imagefolder\n  path: {tmp_path / 'scans'}\n")
+    result = mpiexec(3, str(DRIVERS / "nodeshare.py"), "check", str(config), timeout=180)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    assert sorted(line for line in result.stdout.split() if line.isdigit()) == ["0", "1", "2"]

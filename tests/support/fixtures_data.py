@@ -64,3 +64,26 @@ def write_covid(root: Path, counts: dict[str, int]) -> dict[str, list[int]]:
             level += 11
         greys[name] = [greys[name][i] for i in np.argsort([f"{name}-{k}.png" for k in range(1, n + 1)])]
     return greys
+
+
+def write_imagefolder(
+    root: Path, counts: dict[str, dict[str, int]], size: tuple[int, int] = (12, 10), start: int = 3
+) -> dict[tuple[str, str], list[int]]:
+    """torchvision's ImageFolder layout: ``<root>/<split>/<class>/<k>.png`` (split "" for the one-folder
+    layout), each image a flat 8-bit grey PNG of its own level (``start``, ``start`` + 1, ...) so a
+    loaded image can be traced back to its file.
+
+    Returns {(split, class): grey levels of its images, in file-name order}.
+    """
+    levels, level = {}, start
+    for split, classes in counts.items():
+        for name, n in classes.items():
+            levels[split, name] = []
+            for k in range(n):
+                path = root / split / name / f"{k:03d}.png"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                Image.new("L", size, level).save(path)
+                levels[split, name].append(level)
+                level += 1
+    assert level <= 256, "more images than grey levels"
+    return levels
