@@ -9,7 +9,7 @@ import yaml
 
 from mpicd.config.loading import load_config
 from mpicd.config.sections import ConfigError
-from mpicd.run.check import data_lines, partition_table, too_few_steps
+from mpicd.run.check import data_lines, partition_table, warnings
 from mpicd.run.runner import EXIT_BAD_INPUT
 
 
@@ -49,9 +49,8 @@ def main(args: argparse.Namespace) -> int:
     )
     print("\n".join(data_lines(plan)))
     print(partition_table(plan))
-    for line in (*plan.dataset.warnings, too_few_steps(plan)):
-        if line:
-            print(f"warning: {line}")  # not an error: stdout, exit 0
+    for line in warnings(plan):
+        print(f"warning: {line}")  # not an error: stdout, exit 0
     if plan.dataset.md5 is not None:  # a MedMNIST file, hashed once by its loader
         from mpicd.data.medmnist import md5_check
 

@@ -76,7 +76,10 @@ def steps_per_client(plan) -> list[int]:
 
 
 def too_few_steps(plan) -> str | None:
-    """A warning when some client takes fewer than FEW_STEPS optimizer steps in the whole run."""
+    """A warning when some client takes fewer than FEW_STEPS optimizer steps in the whole run, for
+    images (what FEW_STEPS was measured on; the built-in tabular data is learned in far fewer)."""
+    if plan.dataset.kind != "image":
+        return None
     steps = steps_per_client(plan)
     if min(steps) >= FEW_STEPS:
         return None
@@ -88,6 +91,22 @@ def too_few_steps(plan) -> str | None:
         f"model has learned; raise rounds (now {cfg.rounds}), train.local_epochs (now {cfg.train.local_epochs}) or "
         f"the images per client, or lower train.batch_size (now {cfg.train.batch_size})"
     )
+
+
+def mlp_on_images(plan) -> str | None:
+    """A warning when the tabular MLP is asked to learn images (a config copied from the quick start)."""
+    if plan.dataset.kind != "image" or plan.config.model.name != "mlp":
+        return None
+    return (
+        "model.name mlp flattens each image into one vector and ignores its 2-D structure: for images a "
+        "CNN is the usual choice (model.name lenet, or auto; configs/imagefolder.yaml is a starting config)"
+    )
+
+
+def warnings(plan) -> list[str]:
+    """Everything suspect but not wrong about a plan, one line each: ``mpicd check`` and ``mpicd run`` print them."""
+    found = [*plan.dataset.warnings, too_few_steps(plan), mlp_on_images(plan)]
+    return [line for line in found if line]
 
 
 def data_lines(plan) -> list[str]:

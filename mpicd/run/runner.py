@@ -57,11 +57,10 @@ def run(args: argparse.Namespace) -> int:
             if not official:
                 say(f"mpicd: warning: {line}", sys.stderr)
         if comm.rank == 0:
-            from mpicd.run.check import too_few_steps
+            from mpicd.run.check import warnings
 
-            for line in (*getattr(plan.dataset, "warnings", ()), too_few_steps(plan)):
-                if line:
-                    say(f"mpicd: warning: {line}", sys.stderr)
+            for line in warnings(plan):
+                say(f"mpicd: warning: {line}", sys.stderr)
         if comm.rank == 0:
             say(
                 f"mpicd: {plan.algorithm_cls.name} on {plan.dataset.name}, {plan.config.clients} clients"

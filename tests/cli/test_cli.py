@@ -242,16 +242,26 @@ def test_check_prints_each_clients_optimizer_steps_for_the_whole_run():
         assert row.split()[-1] == "105" and "4x10 + 1x11" in row, row
 
 
-def test_check_warns_when_a_client_takes_fewer_than_100_steps():
-    """5 steps an epoch (as above) x 3 epochs: 6 rounds are 90 steps (a warning naming the client, its
-    steps and the keys to raise), 7 rounds 105 (none). Exit 0 either way: a warning, not an error."""
-    few = mpicd_cli("check", str(QUICKSTART), "rounds=6", "train.local_epochs=3", "train.batch_size=10")
+def test_check_warns_when_a_client_takes_fewer_than_100_steps_on_images(tmp_path):
+    """train/ 40 + 40 images, validation round(0.1 * 40) = 4 of each: 36 + 36 train. Two clients at
+    skew 0 take as many as the rarest class allows, 18 of each class: 36 images, batches 32 + 4, 2
+    steps an epoch. 49 rounds are 98 steps (a warning naming the client, its steps and the keys to
+    raise), 50 rounds exactly 100 (none). Exit 0 either way: a warning, not an error. The tabular quick
+    start (40 steps) draws none: the threshold was measured on images."""
+    from fixtures_data import write_imagefolder
+
+    write_imagefolder(tmp_path / "scans", {"train": {"a": 40, "b": 40}, "test": {"a": 5, "b": 5}}, size=(8, 8))
+    config = tmp_path / "c.yaml"
+    config.write_text(f"clients: 2\ndata:\n  name: imagefolder\n  path: {tmp_path / 'scans'}\nmodel:\n  name: lenet\n")
+    few = mpicd_cli("check", str(config), "rounds=49")
     assert few.returncode == 0, few.stderr
     (warning,) = [line for line in few.stdout.splitlines() if line.startswith("warning:")]
-    assert warning.startswith("warning: client 0 takes 90 optimizer steps in the whole run, fewer than 100: ")
-    assert "raise rounds (now 6), train.local_epochs (now 3)" in warning and "train.batch_size (now 10)" in warning
-    enough = mpicd_cli("check", str(QUICKSTART), "rounds=7", "train.local_epochs=3", "train.batch_size=10")
+    assert warning.startswith("warning: client 0 takes 98 optimizer steps in the whole run, fewer than 100: ")
+    assert "raise rounds (now 49), train.local_epochs (now 1)" in warning and "train.batch_size (now 32)" in warning
+    enough = mpicd_cli("check", str(config), "rounds=50")
     assert enough.returncode == 0 and "warning:" not in enough.stdout, enough.stdout
+    tabular = mpicd_cli("check", str(QUICKSTART))
+    assert tabular.returncode == 0 and "warning:" not in tabular.stdout, tabular.stdout
 
 
 def test_check_names_the_data_its_input_shape_and_what_reading_did(tmp_path):
@@ -271,3 +281,19 @@ def test_check_names_the_data_its_input_shape_and_what_reading_did(tmp_path):
         "images: grey, 1 channel; every image resized to 16x16 (data.image_size; PIL bilinear) from 8x8"
         in resized.stdout
     )
+
+
+def test_check_warns_when_the_tabular_mlp_is_given_images(tmp_path):
+    from fixtures_data import write_imagefolder
+
+    write_imagefolder(tmp_path / "scans", {"train": {"a": 40, "b": 40}, "test": {"a": 5, "b": 5}}, size=(8, 8))
+    config = tmp_path / "c.yaml"
+    config.write_text(f"clients: 2\nrounds: 100\ndata:\n  name: imagefolder\n  path: {tmp_path / 'scans'}\n")
+    mlp = mpicd_cli("check", str(config), "model.name=mlp")
+    assert mlp.returncode == 0, mlp.stderr
+    assert [line for line in mlp.stdout.splitlines() if line.startswith("warning:")] == [
+        "warning: model.name mlp flattens each image into one vector and ignores its 2-D structure: for images a "
+        "CNN is the usual choice (model.name lenet, or auto; configs/imagefolder.yaml is a starting config)"
+    ]
+    lenet = mpicd_cli("check", str(config), "model.name=lenet")
+    assert lenet.returncode == 0 and "warning:" not in lenet.stdout, lenet.stdout
