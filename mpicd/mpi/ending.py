@@ -46,18 +46,19 @@ def agree(comm, code: int, path: str, host: str) -> int:
     # each ends is agreed collectively: a ConfigError by runner.agreed, a stop in the round's
     # Allreduce, pack's summary Allreduce), and a rank that fails instead never does: it aborts the
     # job (abort_on_exception, MPI_Abort) or exits non-zero, which ends the job's other ranks too
-    # (mpirun's default, srun --kill-on-bad-exit). The bytes go through Comm on the "exit" channel;
-    # its ledger is this call's own and no results file holds it: every run's file is closed by now.
+    # (mpirun's default, srun --kill-on-bad-exit). The bytes go through Comm on the "launch" channel
+    # (the launch's instrumentation; a channel of its own would change every results file's channel
+    # list); its ledger is this call's own and no results file holds it: every file is closed by now.
     here = socket.gethostname() == host  # the wrapper's `uname -n`: the same kernel host name
     mine = np.array([code, -code, comm.rank if here else comm.size], dtype=np.int64)
-    low, minus_high, writer = (int(v) for v in comm.allreduce_min(mine, channel="exit"))
+    low, minus_high, writer = (int(v) for v in comm.allreduce_min(mine, channel="launch"))
     # Every rank has the same three numbers: every rank takes the same branch below.
     if low != -minus_high or writer == comm.size:
         return code  # the ranks differ, or none runs where the wrapper can read the file
     if low == 0:
         return 0  # nothing to hand over: an empty file and the launcher's 0 say it
     done = np.array([comm.rank == writer and write(path, low)], dtype=np.int64)
-    comm.bcast(done, root=writer, channel="exit")
+    comm.bcast(done, root=writer, channel="launch")
     return 0 if done[0] else code
 
 
