@@ -8,6 +8,9 @@
 # The launcher's stdout also goes through tee into a temporary file, to tell a failed launch (no
 # rank got as far as its start-up line, "mpicd: rank R on HOST" or "mpicd pack: N runs in") from
 # a job that started and then failed: a rank's error, or a node lost mid-run.
+# Clean endings (a config error: 2, a stop: 75 or 130, failed packed runs: 1) reach launch through
+# a temporary file instead of the ranks' exit status (mpicd/mpi/ending.py): the ranks exit 0, so
+# srun --kill-on-bad-exit and mpirun neither end the others early nor print their abort banner.
 if [ -f .venv/bin/activate ]; then source .venv/bin/activate; fi
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 resume=(${MPICD_RESUME_FLAG---resume})  # always resume: a checkpoint if there is one, else a fresh start
@@ -38,10 +41,11 @@ PY
 }
 
 launch() {
-  local launcher cmd rc out tee_pid seen started
+  local launcher cmd rc out tee_pid seen started status handed=
   # the command line from mpicd.mpi.launch (MPICD_LAUNCHER, MPICD_SRUN_ARGS, MPICD_MPIRUN_ARGS), with
   # no --oversubscribe: inside an allocation its slots are the limit
-  mapfile -t cmd < <(python -m mpicd.mpi.launch --no-oversubscribe --srun-all-tasks ${MPICD_NTASKS:+-n "$MPICD_NTASKS"})
+  mapfile -t cmd < <(python -m mpicd.mpi.launch --no-oversubscribe --srun-all-tasks ${MPICD_NTASKS:+-n "$MPICD_NTASKS"} \
+                       -x MPICD_EXIT_STATUS_FILE -x MPICD_EXIT_STATUS_HOST)
   [ ${#cmd[@]} -gt 0 ] || return 2  # mpicd.mpi.launch has said why
   launcher=$([ "${cmd[0]}" = srun ] && echo srun || echo mpirun)
   local a
@@ -54,11 +58,12 @@ launch() {
   done
   echo "mpicd: launching ${cmd[*]} python -m mpicd $*"
   seen=$(mktemp "${TMPDIR:-/tmp}/mpicd-launch.XXXXXX")
+  status=$(mktemp "${TMPDIR:-/tmp}/mpicd-status.XXXXXX")  # the ranks' agreed status, if they hand it over
   # tee ignores the signals that scancel and the forwarding below send, so the launcher never
   # writes into a closed pipe; it ends when the launcher's output does
   exec {out}> >(trap '' INT TERM USR1 HUP; exec tee -a "$seen")
   tee_pid=$!
-  "${cmd[@]}" python -m mpicd "$@" >&"$out" {out}>&- &
+  MPICD_EXIT_STATUS_FILE=$status MPICD_EXIT_STATUS_HOST=$(uname -n) "${cmd[@]}" python -m mpicd "$@" >&"$out" {out}>&- &
   _mpicd_pid=$! _mpicd_signalled=0 _mpicd_interrupted=0 _mpicd_usr1=0
   exec {out}>&-
   trap '_mpicd_forward USR1' USR1
@@ -69,12 +74,16 @@ launch() {
     break
   done
   trap - USR1 TERM INT
+  read -r handed < "$status" || true
+  rm -f "$status"
+  if [ "$rc" = 0 ] && [[ "$handed" =~ ^[0-9]+$ ]]; then rc=$handed; fi  # the ranks exited 0 after handing it over
   for _ in {1..100}; do kill -0 "$tee_pid" 2>/dev/null || break; sleep 0.1; done  # tee has passed it all on
   started=no stopped=no
   if grep -qE 'mpicd: rank [0-9]+ on |mpicd pack: [0-9]+ runs in ' "$seen"; then started=yes; fi
   # Every rank has checkpointed and closed the file (a barrier) before rank 0 prints this line and
-  # the ranks exit with 75; srun --kill-on-bad-exit may still end the slower ranks once the first one
-  # has exited (srun then returns 143, not 75): after a USR1 the line is what says "stopped".
+  # the ranks exit (0 with the status handed over, else 75); where they exit 75, srun
+  # --kill-on-bad-exit may still end the slower ranks once the first one has exited (srun then
+  # returns 143, not 75): after a USR1 the line is what says "stopped".
   if grep -q 'mpicd: stopped on request after round' "$seen"; then stopped=yes; fi
   rm -f "$seen"
   if [ "$rc" = "$MPICD_STOPPED" ] || { [ "$stopped" = yes ] && [ "$_mpicd_usr1" = 1 ] && [ "$_mpicd_interrupted" = 0 ]; }; then

@@ -9,6 +9,7 @@ import sys
 
 from mpicd import __version__
 from mpicd.cli import bench, check, config, ledger, pack, report, run, sweep, verify
+from mpicd.mpi import ending
 from mpicd.run.runner import EXIT_BAD_INPUT
 
 COMMANDS = {
@@ -28,8 +29,18 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     return {name: command.parser() for name, command in COMMANDS.items()}
 
 
+MPI_COMMANDS = ("run", "pack")  # started under a launcher: their status may go to the wrapper's file
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    code = _command(argv)
+    if argv and argv[0] in MPI_COMMANDS:  # a clean ending without the launcher's abort banner (a wrapper's file)
+        code = ending.hand_over(code)  # without MPICD_EXIT_STATUS_FILE: ``code`` as it is
+    return code
+
+
+def _command(argv: list[str]) -> int:
     parsers = _parsers()
     if argv[:1] in (["--version"], ["-V"]):
         print(f"mpicd {__version__}")
@@ -43,7 +54,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
-    args = parsers[argv[0]].parse_intermixed_args(argv[1:])
+    try:
+        args = parsers[argv[0]].parse_intermixed_args(argv[1:])
+    except SystemExit as err:  # a usage error or --help, the same on every rank (the same argv)
+        if argv[0] not in MPI_COMMANDS or not os.environ.get(ending.FILE):
+            raise
+        return err.code if isinstance(err.code, int) else int(err.code is not None)
     try:
         return COMMANDS[argv[0]].main(args)
     except BrokenPipeError:  # `mpicd sweep ... | head`: the reader has gone; nothing more to say

@@ -72,8 +72,10 @@ CHANNELS: dict[str, Channel] = {
         Channel("dataset", "instrumentation", ("int64", "uint8"), ("bcast",), "all",
                 "the simulation's shared loading: one rank per node reads the dataset and sends its "
                 "description (JSON) to the node's other ranks; a deployment's sites read their own"),
-        Channel("launch", "instrumentation", ("float64",), ("bcast",), "all",
-                "rank 0's start-up seconds per phase, for the root attribute startup_seconds"),
+        Channel("launch", "instrumentation", ("float64", "int64"), ("bcast", "allreduce"), "all",
+                "rank 0's start-up seconds per phase, for the root attribute startup_seconds; as mpicd run or "
+                "pack ends under jobs/mpirun.sh or slurm/launch.sh, every rank's exit status and whether it runs "
+                "on the wrapper's host, and whether the status reached the wrapper (mpicd.mpi.ending)"),
         Channel("rows", "instrumentation", ("float64",), ("gather",), "writer",
                 "every rank's results rows (metrics, losses, timings, bytes) at each flush, and its bytes "
                 "outside rounds at the end, to the writer"),

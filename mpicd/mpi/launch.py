@@ -7,8 +7,11 @@ The environment chooses what a site needs: ``MPICD_LAUNCHER`` (``srun`` or ``mpi
 inside an allocation that has it, else mpirun), ``MPICD_SRUN_ARGS`` (replaces srun's default
 ``--mpi=pmix --kill-on-bad-exit=1``), ``MPICD_MPIRUN_ARGS`` (added to mpirun's options).
 
-``python -m mpicd.mpi.launch [-n N] [--launcher L] [--no-oversubscribe] [--unbound] [-- PROGRAM...]``
+``python -m mpicd.mpi.launch [-n N] [--launcher L] [--no-oversubscribe] [--unbound] [-x NAME]... [-- PROGRAM...]``
 prints the command line, one argument per line (for ``mapfile -t``), with PROGRAM at its end.
+
+:func:`again` is the other direction, for messages: the command a user types to start a job like
+this one again (the wrapper they ran, which exports MPICD_COMMAND, else the launcher itself).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 LAUNCHERS = ("srun", "mpirun")
 SRUN_DEFAULT = "--mpi=pmix --kill-on-bad-exit=1"
@@ -97,6 +100,18 @@ def command(
     return [path, "-n", str(ranks), *flags, *program]
 
 
+def again(ranks: int, words: Sequence[str], environ: Mapping[str, str] | None = None) -> str:
+    """``mpicd WORDS`` on ``ranks`` ranks as the user would start it: with the wrapper that exported
+    MPICD_COMMAND (jobs/mpirun.sh: ``jobs/mpirun.sh 4 run x.yaml``), else with srun inside a Slurm
+    job or mpirun (``mpirun -n 4 mpicd run x.yaml``). For hints: a message names what was typed."""
+    environ = os.environ if environ is None else environ
+    wrapper = environ.get("MPICD_COMMAND")
+    if wrapper:
+        return shlex.join([wrapper, str(ranks), *words])
+    launcher = "srun" if "SLURM_JOB_ID" in environ else "mpirun"
+    return shlex.join([launcher, "-n", str(ranks), "mpicd", *words])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpicd.mpi.launch", description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", type=int, dest="ranks", help="ranks (srun: default the allocation's tasks)")
@@ -104,6 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-oversubscribe", action="store_true", help="mpirun: no --oversubscribe (an allocation)")
     parser.add_argument("--unbound", action="store_true", help="mpirun: no binding of ranks to cores")
     parser.add_argument("--srun-all-tasks", action="store_true", help="srun: no -n (the allocation's tasks)")
+    parser.add_argument(
+        "-x",
+        dest="export",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="pass environment variable NAME to every rank (Open MPI's -x; srun and MPICH pass all)",
+    )
     parser.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS...")
     args = parser.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -115,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             launcher=args.launcher,
             oversubscribe=not args.no_oversubscribe,
             unbound=args.unbound,
+            export=args.export,
         )
     except LaunchError as err:
         print(f"mpicd: {err}", file=sys.stderr)

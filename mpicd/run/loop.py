@@ -98,12 +98,15 @@ def run_rounds(
     stop_requested: Callable[[], int] = lambda: 0,
     startup: dict | None = None,
     overwrite: bool = False,
+    again: str = "",
 ) -> Outcome:
     """Train the config's rounds on this rank and write the results file collectively.
 
     What lies at ``out`` already decides where the run starts (:mod:`mpicd.run.startpoint`): without
     ``resume`` or ``overwrite`` an existing file or checkpoint is refused (ConfigError, every rank).
     ``startup``: rank 0's seconds per start-up phase (recorded as the attr ``startup_seconds``).
+    ``again``: the command that resumes a stopped run, as the caller knows it (``mpicd run``'s with
+    --resume, ``mpicd pack``'s as it was), for the stop line; only the caller knows what was typed.
     """
     from mpicd.results.writer import ResultsWriter
 
@@ -165,13 +168,17 @@ def run_rounds(
     watchdog, fault, guards = _guards(plan, clients, comm, writer)
     comm.declare(payload_channel(plan.algorithm_cls, plan.algorithm_params))
     try:
-        return _rounds(
+        outcome = _rounds(
             plan, clients, comm, writer, out, start, log, stop_requested, watchdog, fault, guards, decision.run_id
         )
     finally:
         watchdog.stop()
         comm.on_transfer = comm.after_transfer = None
         comm.declare(CHANNELS["payload"])
+    if outcome.stopped and comm.rank == 0:
+        resume = f"; resume with: {again}" if again else ""
+        log(f"mpicd: stopped on request after round {outcome.completed_rounds}{resume}")
+    return outcome
 
 
 def _guards(plan: Plan, clients: list[Client], comm, writer):
@@ -343,8 +350,6 @@ def _rounds(
             # all have checkpointed and closed the file (a barrier moves no payload bytes).
             comm.mpi.Barrier()
             getattr(stop_requested, "done", threading.Event()).set()  # the interrupt watcher stands down
-            if comm.rank == 0:
-                log(f"mpicd: stopped on request after round {r + 1}; resume with --resume")
             return Outcome(r + 1, True, interrupted)
         watchdog.end_round()
         comm.round_index = None

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from mpicd.config.loading import load_config
 from mpicd.config.sections import ConfigError
+from mpicd.mpi.launch import again
 
 T = TypeVar("T")
 EXIT_BAD_INPUT = 2
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     marks, _LOADED_AT = [_LOADED_AT or time.time()], None  # a later run in this process starts here
     stop = signals.install()
     comm = Comm()
+    stop.again = again(comm.size, run_words(args, resume=True))  # how the interrupt watcher's exit says to resume
     marks.append(time.time())
     with abort_on_exception(comm.mpi, where=comm.where):
         try:  # the config and the rank count first: a wrong -n / --ntasks fails before torch or the data load
@@ -84,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
                 log=say,
                 stop_requested=stop,
                 startup=startup,
+                again=stop.again,
             )
         except ConfigError as err:
             if comm.rank == 0:
@@ -141,16 +144,27 @@ def _config_for(comm, args):
     from mpicd.mpi.assignment import check_ranks
 
     config = load_config(args.config, args.overrides)
-    check_ranks(config.clients, comm.size, config.clients_per_rank, launch_hint(config.clients))
+    check_ranks(config.clients, comm.size, config.clients_per_rank, launch_hint(config.clients, words=run_words(args)))
     return config
 
 
-def launch_hint(ranks: int, env: dict | None = None) -> str:
-    """How to start ``ranks`` ranks with the launcher in use: Slurm's task count, else mpirun's -n."""
+def launch_hint(ranks: int, env: dict | None = None, words: list[str] | None = None) -> str:
+    """How to start ``ranks`` ranks with the launcher in use: Slurm's task count, else the wrapper the
+    user ran (MPICD_COMMAND, with the mpicd ``words``), else mpirun's -n."""
     env = os.environ if env is None else env
     if "SLURM_JOB_ID" in env:
         return f"submit with sbatch --ntasks={ranks} (inside an allocation: srun -n {ranks})"
+    if env.get("MPICD_COMMAND") and words:
+        return f"run {again(ranks, words, env)}"
     return f"run mpirun -n {ranks}"
+
+
+def run_words(args: argparse.Namespace, resume: bool = False) -> list[str]:
+    """``mpicd run``'s arguments as ``args`` holds them; ``resume``: with --resume for --overwrite."""
+    words = ["run", args.config, *args.overrides, *(["--out", args.out] if args.out else [])]
+    if resume or args.resume:
+        return [*words, "--resume"]
+    return [*words, "--overwrite"] if args.overwrite else words
 
 
 def agreed(comm, step: Callable[[], T]) -> T:

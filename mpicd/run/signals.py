@@ -23,8 +23,8 @@ import signal
 import threading
 import time
 
-EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped on request (SIGUSR1) after a checkpoint; run again with --resume
-EXIT_INTERRUPTED = 130  # 128 + SIGINT: stopped by Ctrl-C / SIGTERM; --resume continues from the checkpoint
+EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped on request (SIGUSR1) after a checkpoint; run again to resume
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: stopped by Ctrl-C / SIGTERM; run again to continue from the checkpoint
 INTERRUPTED = 1000  # what a rank adds to the progress Allreduce for SIGINT/SIGTERM (SIGUSR1: 1)
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)  # SIGUSR2: jobs/mpirun.sh's Ctrl-C
 MIN_GRACE = float(os.environ.get("MPICD_STOP_GRACE", "10"))  # seconds
@@ -39,6 +39,7 @@ class StopRequest:
         self.grace = MIN_GRACE
         self.first: tuple[int, float] | None = None  # (signal, monotonic time) of the first interrupt
         self.done = threading.Event()  # set when the run has stopped: the watcher stands down
+        self.again = ""  # the command that resumes (the caller's: run's with --resume, pack's as it was)
 
     def __call__(self) -> int:
         return self.requested
@@ -53,7 +54,7 @@ class StopRequest:
             self.first = (signum, now)
             self.requested = INTERRUPTED
         elif self.first[0] == signum or now - self.first[1] > SAME_CTRL_C:
-            _exit_now("interrupted again: exiting now")
+            _exit_now("interrupted again: exiting now", self.again)
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - the signal module's signature
         if signum in INTERRUPTS:
@@ -73,12 +74,13 @@ class StopRequest:
         armed_at = time.monotonic()
         while not self.done.wait(0.2):
             if time.monotonic() > armed_at + self.grace:  # grace may grow while the round goes on
-                _exit_now(f"no round boundary reached within {self.grace:.0f} s of the interrupt: exiting")
+                _exit_now(f"no round boundary reached within {self.grace:.0f} s of the interrupt: exiting", self.again)
 
 
-def _exit_now(why: str) -> None:
+def _exit_now(why: str, again: str = "") -> None:
     rank = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", os.environ.get("SLURM_PROCID", "?")))
-    os.write(2, f"mpicd: rank {rank}: {why}; the last checkpoint stays (--resume continues from it)\n".encode())
+    resume = f" ({again} continues from it)" if again else ""
+    os.write(2, f"mpicd: rank {rank}: {why}; the last checkpoint stays{resume}\n".encode())
     os._exit(EXIT_INTERRUPTED)
 
 

@@ -83,8 +83,9 @@ class Counter:
         self.win.Free()
 
 
-def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lambda: False) -> int:
-    """Run every pending run of the sweep; returns the exit status (0, 1: a run failed, 75: stopped)."""
+def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lambda: False, again: str = "") -> int:
+    """Run every pending run of the sweep; returns the exit status (0, 1: a run failed, 75: stopped).
+    ``again``: the command that resumes the sweep (this pack command itself: it resumes by itself)."""
     from mpicd.mpi.placement import place
     from mpicd.run import signals
     from mpicd.run.loop import run_rounds
@@ -144,7 +145,7 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
             try:
                 plan = agreed(comm, lambda run=run, comm=comm: prepare(load_config(run.config, run.overrides), comm))
                 outcome = run_rounds(
-                    plan, comm, placement, run.output, log=say, resume=True, stop_requested=stop_requested
+                    plan, comm, placement, run.output, log=say, resume=True, stop_requested=stop_requested, again=again
                 )
                 plan.release()  # the node's shared copy of this run's data (a refused resume: at exit)
             except ConfigError as err:
@@ -154,9 +155,7 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
                     say(f"failed after {duration(took)}: {err} ({tally(failed=1, milliseconds=round(1000 * took))})")
                 continue
             stopped, interrupted = outcome.stopped, outcome.interrupted
-            if stopped:
-                say("stopped on request; resubmit to resume")
-            elif leader:
+            if not stopped and leader:  # a stopped run's leader has said so, naming ``again``
                 took = time.perf_counter() - began
                 say(f"done in {duration(took)} ({tally(finished=1, milliseconds=round(1000 * took))})")
         group_mpi.Free()
@@ -166,10 +165,10 @@ def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lam
         np.array([len(failed), int(stopped), int(interrupted)], dtype=np.int64), channel="sweep"
     )
     if world.rank == 0:
-        log(
-            f"mpicd pack: finished in {time.perf_counter() - started:.1f} s; "
-            f"{int(summary[0])} failed, {'stopped early' if summary[1] else 'all pending runs done'}"
+        ending = (
+            ("stopped early" + (f"; resume with: {again}" if again else "")) if summary[1] else "all pending runs done"
         )
+        log(f"mpicd pack: finished in {time.perf_counter() - started:.1f} s; {int(summary[0])} failed, {ending}")
     if summary[1]:
         return signals.EXIT_INTERRUPTED if summary[2] else signals.EXIT_STOPPED
     return 1 if summary[0] else 0
@@ -206,12 +205,14 @@ def _check_sweep(runs: list, world_size: int) -> list:
 
 
 def main(sweep_path: str) -> int:
+    from mpicd.mpi.launch import again
     from mpicd.mpi.placement import abort_on_exception
     from mpicd.run import signals
     from mpicd.run.runner import say
 
     stop = signals.install()
+    stop.again = again(MPI.COMM_WORLD.Get_size(), ["pack", sweep_path])  # pack resumes by itself: no flag
     with abort_on_exception(MPI.COMM_WORLD):
-        status = pack(sweep_path, log=say, stop_requested=stop)
+        status = pack(sweep_path, log=say, stop_requested=stop, again=stop.again)
     sys.stdout.flush()
     return status

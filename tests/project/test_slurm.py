@@ -109,7 +109,9 @@ def test_one_run_with_mpirun_inside_the_allocation(slurm, tmp_path):
     )
     log = (tmp_path / f"{job}.out").read_text()
     assert rc == 0, log
-    assert re.search(r"launching \S*mpi(run|exec) -n 2 (--allow-run-as-root )?python -m mpicd run", log), log
+    assert re.search(
+        r"launching \S*mpi(run|exec) -n 2 (--allow-run-as-root )?(-x MPICD_\w+ )*python -m mpicd run", log
+    ), log
     complete(out, 2)
 
 
@@ -368,9 +370,9 @@ def test_scripts_run_outside_slurm_under_set_u(tmp_path):
         timeout=JOB_TIMEOUT,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(r"launching \S*mpi(run|exec) -n 2 (--allow-run-as-root )?python -m mpicd run", done.stdout), (
-        done.stdout
-    )
+    assert re.search(
+        r"launching \S*mpi(run|exec) -n 2 (--allow-run-as-root )?(-x MPICD_\w+ )*python -m mpicd run", done.stdout
+    ), done.stdout
     complete(out, 1)
 
 

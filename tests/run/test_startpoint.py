@@ -530,7 +530,11 @@ def finish(proc: subprocess.Popen, log: Path, timeout: float = 120) -> int:
         pytest.fail(f"the job did not end within {timeout} s of the interrupt:\n{log.read_text()}")
 
 
-STOPPED = re.compile(r"^mpicd: stopped on request after round (\d+); resume with --resume$", re.M)
+# the resume command as typed: through jobs/mpirun.sh, or bare mpirun (the console script's name)
+STOPPED = re.compile(
+    r"^mpicd: stopped on request after round (\d+); resume with: (?:jobs/mpirun\.sh 2|mpirun -n 2 mpicd) run .* --resume$",
+    re.M,
+)
 
 
 def stopped_round(text: str, rounds: int) -> int:
