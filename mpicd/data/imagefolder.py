@@ -169,7 +169,7 @@ def _files(top: Path, classes: tuple[str, ...], cfg: DataConfig) -> list[ImageFi
 
 
 def _unreadable(path: Path, err: BaseException) -> ConfigError:
-    reason = " ".join(str(err).split()) or type(err).__name__
+    reason = " ".join(str(err).replace(f" {str(path)!r}", "").split()) or type(err).__name__  # PIL repeats the path
     return ConfigError("data.path", f"cannot read image {str(path)!r}: {reason}")
 
 

@@ -188,3 +188,31 @@ def test_again_names_the_wrapper_else_the_launcher():
     )
     assert launch.again(4, words, {}) == "mpirun -n 4 mpicd run 'my runs/x.yaml' --resume"
     assert launch.again(2, ["pack", "s.yaml"], {"SLURM_JOB_ID": "9"}) == "srun -n 2 mpicd pack s.yaml"
+
+
+def test_a_broken_image_of_an_image_folder_is_one_line_through_mpirun_sh(tmp_path):
+    """The user's own images (data.name imagefolder) with a file that is not an image: under
+    jobs/mpirun.sh every rank stops before training, one line names the file, exit 2, no banner."""
+    from fixtures_data import write_imagefolder
+
+    write_imagefolder(tmp_path / "scans", {"train": {"a": 12, "b": 12}, "test": {"a": 3, "b": 3}})
+    broken = tmp_path / "scans" / "train" / "b" / "007.png"
+    broken.write_bytes(b"this is not a PNG")
+    out = tmp_path / "out"
+    out.mkdir()
+    result = mpirun_sh(
+        "2",
+        "run",
+        str(ROOT / "configs" / "imagefolder.yaml"),
+        "clients=2",
+        f"data.path={tmp_path / 'scans'}",
+        "--out",
+        str(out / "r.h5"),
+        tmp=out,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert lines == [
+        f"mpicd: config error: data.path: cannot read image {str(broken)!r}: cannot identify image file"
+    ], lines
+    assert list(out.iterdir()) == []  # no results file, no status file left
