@@ -375,6 +375,7 @@ ADDED_LATER: dict[str, tuple[str | tuple[str, ...] | None, Any]] = {
     "participation": (None, 1.0),  # before: every client in every round
     "algorithm.reduction": (("fedavg", "fedproto", "feddistill"), "mpi"),  # before: the float32 Allreduce
     "privacy.noise": (None, "seeded"),  # before: a private run's draws came from the public seed
+    "data.display_name": (None, None),  # before: no display name (imagefolder is newer still)
 }
 
 
@@ -400,9 +401,10 @@ def with_added_keys(flat: dict) -> dict:
 
 def config_difference(saved: dict, current: dict, saved_as: str, current_as: str) -> str | None:
     """The first key whose computed value differs between two resolved configs, or None; e.g.
-    ``algorithm.lambda: the checkpoint has 1.0, this run 0.3``. ``saved`` may predate a key of
-    ``ADDED_LATER``: it then counts as what the older version did."""
-    a, b = with_added_keys(computed_config(saved)), computed_config(current)
+    ``algorithm.lambda: the checkpoint has 1.0, this run 0.3``. Either may predate a key of
+    ``ADDED_LATER`` (a ledger line and a results file both written by an older version are compared
+    by a newer one): it then counts as what the older version did."""
+    a, b = with_added_keys(computed_config(saved)), with_added_keys(computed_config(current))
     for key in sorted(set(a) | set(b)):
         if a.get(key, "<absent>") != b.get(key, "<absent>"):
             return f"{key}: {saved_as} has {a.get(key, '<absent>')!r}, {current_as} {b.get(key, '<absent>')!r}"

@@ -154,6 +154,16 @@ def test_a_key_older_files_lack_counts_as_what_older_versions_did():
     assert config_difference(no_mode, codistill, "the file", "the sweep") == (
         "data.skew_mode: the file has '<absent>', the sweep 'symmetric'"
     )
+    # both sides may predate a key: a ledger line and its results file, both written before
+    # data.display_name existed, compared by a version that has it (the ledger's own check)
+    new_data = {**codistill, "data": {**codistill["data"], "display_name": None}}
+    old_data = {**codistill, "data": {k: v for k, v in codistill["data"].items() if k != "display_name"}}
+    assert config_difference(new_data, old_data, "the ledger", "the file") is None
+    assert config_difference(old_data, new_data, "the file", "the sweep") is None
+    named = {**codistill, "data": {**codistill["data"], "display_name": "Scans"}}
+    assert config_difference(named, old_data, "the ledger", "the file") == (
+        "data.display_name: the ledger has 'Scans', the file None"
+    )
 
 
 def test_slurm_scripts_with_mpirun_as_launcher(tmp_path):
