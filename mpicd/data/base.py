@@ -104,6 +104,14 @@ def existing_path(cfg: DataConfig, want_dir: bool, what: str) -> Path:
 UNREADABLE_IMAGE = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
 
 
+def unreadable_image(path: Path, err: BaseException, listed: str = "") -> ConfigError:
+    """The one error for an image PIL cannot read, naming it (and ``listed``: where it is named, e.g.
+    a CSV line) once: PIL's own message repeats the path, which is dropped from the reason."""
+    where = f" ({listed})" if listed else ""
+    reason = " ".join(str(err).replace(f" {str(path)!r}", "").split()) or type(err).__name__
+    return ConfigError("data.path", f"cannot read image {str(path)!r}{where}: {reason}")
+
+
 def resized_text(size: int, default: bool) -> str:
     """The ``preprocessing`` of a format that reads every image as grey at one square size."""
     why = "data.image_size's default for this format" if default else "data.image_size"
@@ -119,9 +127,7 @@ def read_grey_png(path: Path, size: int, listed: str = "") -> np.ndarray:
         with Image.open(path) as img:
             grey = img.convert("L").resize((size, size), Image.Resampling.BILINEAR)
     except UNREADABLE_IMAGE as err:
-        where = f" ({listed})" if listed else ""
-        reason = " ".join(str(err).split()) or type(err).__name__
-        raise ConfigError("data.path", f"cannot read image {str(path)!r}{where}: {reason}") from None
+        raise unreadable_image(path, err, listed) from None
     return np.asarray(grey, dtype=np.float32) / 255.0
 
 

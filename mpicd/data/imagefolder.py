@@ -32,6 +32,7 @@ from mpicd.data.base import (
     reject_unused,
     split_dataset,
     stratified_holdout,
+    unreadable_image,
 )
 
 EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -168,11 +169,6 @@ def _files(top: Path, classes: tuple[str, ...], cfg: DataConfig) -> list[ImageFi
     return files
 
 
-def _unreadable(path: Path, err: BaseException) -> ConfigError:
-    reason = " ".join(str(err).replace(f" {str(path)!r}", "").split()) or type(err).__name__  # PIL repeats the path
-    return ConfigError("data.path", f"cannot read image {str(path)!r}: {reason}")
-
-
 def _survey(files: list[ImageFile], size: int | None) -> tuple[dict[Path, str], tuple[int, int], set[tuple[int, int]]]:
     """Each file's PIL mode, from its header, the (H, W) every image will have: ``size`` where given,
     else the first image's, which every other image must share (an error naming the first that does
@@ -185,7 +181,7 @@ def _survey(files: list[ImageFile], size: int | None) -> tuple[dict[Path, str], 
                 if img.mode == "P":
                     modes[f.path] = "P-grey" if _grey_palette(img) else "P"
         except UNREADABLE_IMAGE as err:
-            raise _unreadable(f.path, err) from None
+            raise unreadable_image(f.path, err) from None
         sizes.add((w, h))
         if size is None:
             if first is None:
@@ -226,8 +222,8 @@ def _read(path: Path, mode: str, channels: int, size: int | None, digests: dict[
             if size is not None and img.size != (size, size):
                 img = img.resize((size, size), Image.Resampling.BILINEAR)
             a = np.asarray(img, dtype=np.float32) / np.float32(scale)
-    except (*UNREADABLE_IMAGE, OSError) as err:
-        raise _unreadable(path, err) from None
+    except UNREADABLE_IMAGE as err:  # OSError included: read_bytes
+        raise unreadable_image(path, err) from None
     if a.ndim == 2:
         return np.broadcast_to(a, (channels, *a.shape))
     return np.moveaxis(a, -1, 0)

@@ -34,15 +34,10 @@ def partition_table(plan) -> str:
     and the optimizer steps of the whole run (a run of a few dozen steps cannot be expected to learn)."""
     names = plan.dataset.class_names
     test_counts = [int((plan.dataset.test.y == c).sum()) for c in range(plan.dataset.num_classes)]
-    union = plan.algorithm_cls.trains_on_union
     cfg = plan.config
-    steps = steps_per_client(plan)
+    sizes, steps = training_sizes(plan), steps_per_client(plan)
     header = ["client", "expertise"] + [f"train:{n}" for n in names] + [f"test:{n}" for n in names]
     header += ["batches/epoch", "optimizer steps"]
-    sizes = [
-        int(plan.partition.train_counts.sum() if union else plan.partition.train_counts[i].sum())
-        for i in range(cfg.clients)
-    ]
     rows = [
         [str(i), names[int(plan.partition.expertise[i])]]
         + [str(int(v)) for v in plan.partition.train_counts[i]]
@@ -65,14 +60,21 @@ def partition_table(plan) -> str:
     return "\n".join(lines)
 
 
+def training_sizes(plan) -> list[int]:
+    """Each client's training images per epoch: its own, or every client's where the method trains on the union."""
+    counts = plan.partition.train_counts
+    union = plan.algorithm_cls.trains_on_union
+    return [int(counts.sum() if union else counts[i].sum()) for i in range(plan.config.clients)]
+
+
 def steps_per_client(plan) -> list[int]:
     """Each client's optimizer steps over the whole run (batches per epoch x local epochs x rounds)."""
     from mpicd.run.client import batch_bounds
 
-    cfg, counts = plan.config, plan.partition.train_counts
-    union = plan.algorithm_cls.trains_on_union
-    sizes = [int(counts.sum() if union else counts[i].sum()) for i in range(cfg.clients)]
-    return [len(batch_bounds(n, cfg.train.batch_size)) * cfg.train.local_epochs * cfg.rounds for n in sizes]
+    cfg = plan.config
+    return [
+        len(batch_bounds(n, cfg.train.batch_size)) * cfg.train.local_epochs * cfg.rounds for n in training_sizes(plan)
+    ]
 
 
 def too_few_steps(plan) -> str | None:
