@@ -13,8 +13,9 @@ sampler (0 bytes): paired by seed, two-sided t-test, Holm over the stage's whole
 against both references in every cell; a comparison not measured yet counts as p = 1), wins / loses at
 adjusted p < 0.05. The last round alone is a secondary table (CCVR recalibrates in the last round only,
 so its last-10 mean is nine tenths FedAvg's), never counted in a verdict. The paragraph a hospital can
-act on and the moonshot's answer are generated from the same numbers, so they cannot drift from the
-table.
+act on (advice: what holds in every cell, each clause read off the verdicts against FedAvg), the
+cell-by-cell sentences and the moonshot's answer are generated from the same numbers, so they cannot
+drift from the table; the block holding them is written into README.md and docs/explanation/study.md.
 
 Rows come from the main grid's ledgers (main-high: FedAvg, local, co-distillation's two readings,
 FedProto, FedDistill, FedAMP; the same configs and seeds) and the consortium stage's (consortium.py).
@@ -28,6 +29,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -281,6 +283,95 @@ def paragraph(all_cells: dict, v: dict) -> list[str]:
     return out
 
 
+def method(name: str) -> str:
+    """A row's method without its tuned value: 'FedLC (tau 10.0) + balanced sampler' -> 'FedLC + balanced sampler'."""
+    return re.sub(r" \((?:tau|alpha|lr) [^)]*\)", "", name)
+
+
+def span(values) -> str:
+    low, high = min(values), max(values)
+    return f"{low:.3f}" if f"{low:.3f}" == f"{high:.3f}" else f"{low:.3f} to {high:.3f}"
+
+
+def advice(all_cells: dict, v: dict) -> list[str]:
+    """One paragraph over every cell (dataset, skew), each clause read off the verdicts against FedAvg."""
+    cells = [(d, s, rows) for d, by_skew in all_cells.items() for s, rows in by_skew.items()]
+    if any(
+        "FedAvg" not in rows or any(v[(d, s, n, "FedAvg")]["verdict"] == "pending" for n in rows if n != "FedAvg")
+        for d, s, rows in cells
+    ):
+        return ["The paragraph is written once every cell holds all its seeds."]
+    got: dict[str, list] = {}  # method -> [(cell, verdict against FedAvg, bytes a client a round)]
+    for d, s, rows in cells:
+        for n in rows:
+            if n != "FedAvg":
+                got.setdefault(method(n), []).append(((d, s), v[(d, s, n, "FedAvg")], rows[n].bytes_per_client()))
+    fedavg_bytes = [rows["FedAvg"].bytes_per_client() for _, _, rows in cells]
+    every = [m for m, g in got.items() if len(g) == len(cells)]
+    wins = [m for m, g in got.items() if any(x["verdict"] == "wins" for _, x, _ in g)]
+    ties = [m for m in every if all(x["verdict"] == "ties" for _, x, _ in got[m])]
+    mixed = [m for m in every if m not in ties and m not in wins and any(x["verdict"] == "ties" for _, x, _ in got[m])]
+    cheap = [m for m, g in got.items() if max(b for *_, b in g) <= MOONSHOT_BYTES]
+    costly_losers = [m for m in every if m not in cheap and all(x["verdict"] == "loses" for _, x, _ in got[m])]
+    where = " and ".join(sorted({DATASETS[d] for d, _, _ in cells}))
+    skews = " and ".join(str(s) for s in sorted({s for _, s, _ in cells}))
+
+    def behind(ms):
+        return span([-x["diff"] for m in ms for _, x, _ in got[m]])
+
+    text = f"Over {where} at skew {skews} ({len(cells)} cells, 10 seeds each, Holm over the stage's family), "
+    text += (
+        "no method beats FedAvg's held-out minority accuracy in any cell. "
+        if not wins
+        else f"{'; '.join(wins)} {'beats' if len(wins) == 1 else 'beat'} FedAvg's held-out minority accuracy in "
+        "at least one cell. "
+    )
+    if ties:
+        tie_bytes = [b for m in ties for *_, b in got[m]]
+        text += (
+            f"Tied with it in every cell: {'; '.join(ties)}, at {min(tie_bytes):,.0f} to {max(tie_bytes):,.0f} bytes "
+            f"a client a round against FedAvg's {min(fedavg_bytes):,.0f} to {max(fedavg_bytes):,.0f}"
+        )
+        text += (
+            ": none sends less than FedAvg, so none is a reason on this measure to move from it. "
+            if min(tie_bytes) >= min(fedavg_bytes)
+            else ". "
+        )
+    if mixed:
+        parts = [
+            f"{m} (loses at {', '.join(f'{DATASETS[d]} {s}' for (d, s), x, _ in got[m] if x['verdict'] == 'loses')})"
+            for m in mixed
+        ]
+        text += f"Tied in some cells, behind in the others: {'; '.join(parts)}. "
+    if cheap and all(x["verdict"] == "loses" for m in cheap for _, x, _ in got[m]):
+        text += (
+            f"Every method that sends at most {MOONSHOT_BYTES:,} bytes a client a round loses to it in every cell it "
+            f"ran in ({'; '.join(cheap)}), behind by {behind(cheap)} in minority accuracy"
+        )
+        if "local + balanced sampler" in cheap:
+            text += f" (local training with the balanced sampler: {behind(['local + balanced sampler'])})"
+        text += ". "
+    elif cheap:
+        held = sorted({m for m in cheap for _, x, _ in got[m] if x["verdict"] != "loses"})
+        text += (
+            f"Of the methods that send at most {MOONSHOT_BYTES:,} bytes a client a round, {'; '.join(held)} tie or "
+            "beat it in some cell. "
+        )
+    if costly_losers:
+        text += f"Costlier and behind in every cell: {'; '.join(costly_losers)} (by {behind(costly_losers)}). "
+    best = []
+    for d, s, rows in cells:
+        scored = {n: interval(r.scores("personal_acc"))[0] for n, r in rows.items()}
+        scored = {n: x for n, x in scored.items() if x == x}
+        top = max(scored, key=scored.get)
+        best.append(f"{DATASETS[d]} {s}: {top} {scored[top]:.3f} (FedAvg {scored['FedAvg']:.3f})")
+    text += (
+        "On the personalised score (each client's test recalls weighted by its own training mix; descriptive, "
+        "no test) the highest is " + "; ".join(best) + "."
+    )
+    return [text]
+
+
 def moonshot(all_cells: dict, v: dict) -> list[str]:
     """Does a method of at most 1 KB per client per round tie or beat FedAvg's minority accuracy at skew 0.8?"""
     out = []
@@ -316,33 +407,83 @@ def moonshot(all_cells: dict, v: dict) -> list[str]:
 
 
 def pareto(all_cells: dict, path: Path) -> None:
+    """One panel per dataset and skew: each method at its bytes per client per round (log) against its
+    held-out minority accuracy with the 95% interval. A method keeps one colour and marker in every panel
+    (the legend names it without its tuned value, which the tables give); methods at the same cost (within
+    5%) are drawn side by side, a few points apart, so that ties stay visible."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import transforms
 
-    fig, axes = plt.subplots(len(all_cells), len(SKEWS), figsize=(6 * len(SKEWS), 4.6 * len(all_cells)), squeeze=False)
+    families = []
+    for cells in all_cells.values():
+        for skew in SKEWS:
+            for name in order(cells[skew]):
+                if method(name) not in families:
+                    families.append(method(name))
+    palette = plt.get_cmap("tab20")
+    markers = "osD^vP*X<>hp"
+    style = {m: (palette(k % 20), markers[k % len(markers)]) for k, m in enumerate(families)}
+    fig, axes = plt.subplots(
+        len(all_cells), len(SKEWS), figsize=(6 * len(SKEWS), 4.4 * len(all_cells) + 1.6), squeeze=False
+    )
     floor = 1.0  # 0 bytes (local training) drawn at 1 byte on the log axis, labelled 0
+    handles = {}
     for i, (dataset, cells) in enumerate(all_cells.items()):
         for j, skew in enumerate(SKEWS):
             ax = axes[i][j]
-            for name in order(cells[skew]):
-                row = cells[skew][name]
-                if not row.whole:
-                    continue
-                mean, low, high = interval(row.scores("minority_acc"))
-                x = max(row.bytes_per_client(), floor)
-                ax.errorbar([x], [mean], yerr=[[mean - low], [high - mean]], fmt="o", ms=4, capsize=3)
-                ax.annotate(name, (x, mean), fontsize=6, xytext=(4, 2), textcoords="offset points")
+            shown = [n for n in order(cells[skew]) if cells[skew][n].whole]
+            at = {n: max(cells[skew][n].bytes_per_client(), floor) for n in shown}
+            spans = [interval(cells[skew][n].scores("minority_acc")) for n in shown]
+            if spans:  # drawn through an offset transform, the points do not move the axis limits
+                low, high = min(sp[1] for sp in spans), max(sp[2] for sp in spans)
+                ax.set_ylim(low - 0.05 * (high - low), high + 0.05 * (high - low))
+            for name in shown:
+                x = at[name]
+                group = [n for n in shown if abs(math.log(at[n] / x)) < math.log(1.05)]
+                dodge = (group.index(name) - (len(group) - 1) / 2) * 3.0  # points
+                where = transforms.offset_copy(ax.transData, fig=fig, x=dodge, y=0, units="points")
+                mean, low, high = interval(cells[skew][name].scores("minority_acc"))
+                colour, marker = style[method(name)]
+                drawn = ax.errorbar(
+                    [x],
+                    [mean],
+                    yerr=[[mean - low], [high - mean]],
+                    fmt=marker,
+                    color=colour,
+                    ms=5,
+                    capsize=2,
+                    lw=1,
+                    transform=where,
+                )
+                handles.setdefault(method(name), drawn)
             ax.set_xscale("log")
             ax.set_xlim(0.5, 2e6)
             ticks = [1, 10, 100, 1e3, 1e4, 1e5, 1e6]
             ax.set_xticks(ticks, ["0"] + [f"{t:g}" for t in ticks[1:]])
             ax.axvline(MOONSHOT_BYTES, color="grey", lw=0.6, ls=":")
             ax.set_title(f"{DATASETS[dataset]}, skew {skew}")
-            ax.set_xlabel("bytes per client per round (log; 0 drawn at 1)")
+            ax.set_xlabel("bytes per client per round (log; 0 drawn at 1; dotted: 1 KB)")
             ax.set_ylabel("held-out minority accuracy (95% CI, 10 seeds)")
-    fig.tight_layout()
+    fig.legend(
+        [handles[m] for m in families if m in handles],
+        [m for m in families if m in handles],
+        loc="lower center",
+        ncol=4,
+        fontsize=8,
+        frameon=False,
+    )
+    fig.text(
+        0.5,
+        0.005,
+        "methods at the same cost (within 5%) are drawn 3 points apart, left to right in the tables' order",
+        ha="center",
+        fontsize=7,
+        color="grey",
+    )
+    fig.tight_layout(rect=(0, 1.5 / (4.4 * len(all_cells) + 1.6), 1, 1))
     fig.savefig(path, dpi=130)
     plt.close(fig)
 
@@ -398,7 +539,11 @@ def write_csv(all_cells: dict, v: dict, path: Path) -> None:
 
 def page(all_cells: dict, v: dict) -> tuple[str, list[str]]:
     summary = [
-        "**What a hospital consortium can act on** (generated from the tables below):",
+        "**What a hospital consortium can act on** (generated from the stage's tables, study/consortium.md):",
+        "",
+        *advice(all_cells, v),
+        "",
+        "Cell by cell:",
         "",
         *paragraph(all_cells, v),
         "",
@@ -438,13 +583,20 @@ def main() -> int:
     (HERE / "consortium.md").write_text(text)
     write_csv(all_cells, v, HERE / "consortium.csv")
     pareto(all_cells, HERE / "consortium-pareto.png")
-    readme = HERE / "README.md"
-    try:
-        readme.write_text(between(readme.read_text(), "consortium", "\n".join(summary), "consortium_table.py"))
-    except ValueError as err:
-        print(f"consortium_table.py: {readme}: {err}", file=sys.stderr)
-        return 2
-    print(f"written: {HERE / 'consortium.md'}, consortium.csv, consortium-pareto.png, README.md (consortium block)")
+    findings = HERE.parent / "docs" / "explanation" / "study.md"  # the docs' findings page: the same block
+    for page_with_block in (HERE / "README.md", findings):
+        if page_with_block == findings and not findings.exists():
+            continue  # a copy of study/ alone (the tests') has no docs page
+        try:
+            text = between(page_with_block.read_text(), "consortium", "\n".join(summary), "consortium_table.py")
+        except ValueError as err:
+            print(f"consortium_table.py: {page_with_block}: {err}", file=sys.stderr)
+            return 2
+        page_with_block.write_text(text)
+    print(
+        f"written: {HERE / 'consortium.md'}, consortium.csv, consortium-pareto.png, the consortium blocks of "
+        f"README.md and {findings}"
+    )
     return 0
 
 
