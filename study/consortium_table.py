@@ -62,6 +62,7 @@ class Row:
     runs: dict[int, dict] = field(default_factory=dict)
     personal: dict[int, float] = field(default_factory=dict)  # from consortium-references where the main grid lacks it
     generic: bool = False  # FedRoD's generic model (the body and balanced-softmax head, without the personal head)
+    reruns: dict[int, dict] = field(default_factory=dict)  # seed -> its consortium-references re-run (k3)
 
     def scores(self, metric: str) -> np.ndarray:
         if metric == "personal_acc" and self.personal:
@@ -140,6 +141,7 @@ def load(dataset: str) -> dict[float, dict[str, Row]]:
     for (skew, name), runs in reruns.items():
         row = cells[skew].get(name)
         if row is not None:
+            row.reruns = runs
             row.personal = {
                 s: _nan(r["views"]["test"]["last10"]["scores"].get("personal_acc")) for s, r in runs.items()
             }
@@ -372,6 +374,47 @@ def advice(all_cells: dict, v: dict) -> list[str]:
     return [text]
 
 
+def reproduction(all_cells: dict) -> list[str]:
+    """k3's re-runs against their main-grid twins (same config and seed): how many equal it in every stored
+    curve and last-10 score the two ledgers share, and by how much the others differ, per method. A layout
+    changes no result of local training; FedAvg's float32 Allreduce (reduction: mpi) sums in another order
+    on 2 ranks than on 4, so it agrees to float32 rounding only (docs/explanation/clients-per-rank.md)."""
+    out = []
+    for dataset, cells in all_cells.items():
+        parts, models, layouts = [], set(), set()
+        for name in sorted({n for rows in cells.values() for n, r in rows.items() if r.reruns}):
+            equal = pairs = 0
+            largest = 0.0
+            for rows in cells.values():
+                row = rows.get(name)
+                for seed, again in sorted(row.reruns.items()) if row else ():
+                    twin = row.runs.get(seed)
+                    if twin is None or twin.get("cpu") != again.get("cpu"):
+                        continue
+                    pairs += 1
+                    models.update(twin.get("cpu") or ["an unrecorded CPU"])
+                    layouts.add((twin.get("ranks"), again.get("ranks")))
+                    a, b = twin["views"]["test"]["last10"]["scores"], again["views"]["test"]["last10"]["scores"]
+                    shared = set(a) & set(b)
+                    curves = set(twin["curves"]) & set(again["curves"])
+                    same = all(a[k] == b[k] for k in shared) and all(
+                        twin["curves"][k] == again["curves"][k] for k in curves
+                    )
+                    equal += same
+                    largest = max(largest, abs(_nan(a.get("minority_acc")) - _nan(b.get("minority_acc"))))
+            said = f"{name} {equal} of {pairs} equal bit for bit"
+            parts.append(
+                said + (f" (largest difference in last-10 minority accuracy {largest:.4f})" if equal < pairs else "")
+            )
+        if parts:
+            ranks = "; ".join(f"twin on {t} ranks, re-run on {r}" for t, r in sorted(layouts, key=str))
+            out.append(
+                f"- {DATASETS[dataset]}: {'; '.join(parts)}. Every pair on one CPU model "
+                f"({', '.join(sorted(models))}); {ranks}."
+            )
+    return out
+
+
 def moonshot(all_cells: dict, v: dict) -> list[str]:
     """Does a method of at most 1 KB per client per round tie or beat FedAvg's minority accuracy at skew 0.8?"""
     out = []
@@ -564,6 +607,13 @@ def page(all_cells: dict, v: dict) -> tuple[str, list[str]]:
         "FedRoD gives two rows: its personalised prediction (generic + personal head) and its generic model alone.",
         "FedNTD has no row: with two classes its not-true distribution has one class, so its term is 0 and it is",
         "FedAvg bit for bit (tests/algorithms/test_fedntd.py); both datasets here are binary.",
+        "",
+        "**k3's re-runs against the main grid** (FedAvg and local training re-run for the personalised score, same",
+        "config and seed as their main-grid twin; pairs on different CPU models are not compared). A layout changes",
+        "no result of local training; FedAvg's float32 Allreduce sums in another order on another layout, so there",
+        "it agrees to float32 rounding only (docs/explanation/clients-per-rank.md):",
+        "",
+        *reproduction(all_cells),
         "",
     ]
     for dataset, cells in all_cells.items():

@@ -270,3 +270,16 @@ def test_the_advice_says_what_holds_in_every_cell():
     assert "Tied with it in every cell" not in beaten  # FedRS no longer ties everywhere
     v[("pneumoniamnist", 0.9, "FedAMP", "FedAvg")] = {"verdict": "pending"}
     assert ct.advice(cells, v) == ["The paragraph is written once every cell holds all its seeds."]
+
+
+def test_the_reruns_are_compared_with_their_twins_on_one_cpu_model(ledgers):
+    """FedAvg's ten re-runs (consortium-references) against its main-grid runs: seed 3's score moved by
+    0.001 (not equal), seed 4 recorded on another CPU model (not compared), the other eight equal."""
+    refs = [line({"name": "fedavg"}, s, FEDAVG[s] + (0.001 if s == 3 else 0.0), personal=0.9, ranks=2) for s in SEEDS]
+    refs[4] = refs[4][:-1] + ', "cpu": ["Another CPU"]}'
+    (ledgers / "retinamnist" / "consortium-references.runs.jsonl").write_text("\n".join(refs) + "\n")
+    said = ct.reproduction({d: ct.load(d) for d in ct.DATASETS})
+    assert said == [
+        "- RetinaMNIST: FedAvg 8 of 9 equal bit for bit (largest difference in last-10 minority accuracy 0.0010). "
+        "Every pair on one CPU model (an unrecorded CPU); twin on 4 ranks, re-run on 2."
+    ]
