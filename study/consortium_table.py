@@ -60,13 +60,14 @@ class Row:
 
     label: str
     runs: dict[int, dict] = field(default_factory=dict)
-    personal: dict[int, float] = field(default_factory=dict)  # from consortium-references where the main grid lacks it
     generic: bool = False  # FedRoD's generic model (the body and balanced-softmax head, without the personal head)
     reruns: dict[int, dict] = field(default_factory=dict)  # seed -> its consortium-references re-run (k3)
 
     def scores(self, metric: str) -> np.ndarray:
-        if metric == "personal_acc" and self.personal:
-            return np.array([self.personal[s] for s in sorted(self.personal)])
+        if metric == "personal_acc" and self.reruns:  # the main grid's ledgers predate personal_acc: k3's
+            return np.array(
+                [_nan(r["views"]["test"]["last10"]["scores"].get(metric)) for _, r in sorted(self.reruns.items())]
+            )
         if self.generic:  # /metrics/generic_*: the ledger's last-10 mean over rounds and clients
             return np.array([_nan(r["last10"].get(f"metrics/generic_{metric}")) for _, r in sorted(self.runs.items())])
         return np.array(
@@ -142,9 +143,6 @@ def load(dataset: str) -> dict[float, dict[str, Row]]:
         row = cells[skew].get(name)
         if row is not None:
             row.reruns = runs
-            row.personal = {
-                s: _nan(r["views"]["test"]["last10"]["scores"].get("personal_acc")) for s, r in runs.items()
-            }
     return cells
 
 

@@ -62,7 +62,7 @@ def mpirun() -> tuple[str, bool]:
             break
     else:
         raise LaunchError(
-            "neither mpirun nor mpiexec is on PATH (nor is this a Slurm allocation): install an MPI "
+            "neither mpirun nor mpiexec is beside this Python or on PATH (nor is this a Slurm allocation): install an MPI "
             "(bash jobs/setup.sh --mpi=wheel needs no root) or load your site's MPI module"
         )
     version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
