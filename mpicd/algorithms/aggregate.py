@@ -118,7 +118,9 @@ def private_class_payload(ctx, outputs, width: int, round_index: int) -> np.ndar
     )
     if not s.noised_counts:
         counts = s.q * np.bincount(ctx.train_y.cpu().numpy(), minlength=ctx.num_classes)
-    return class_sums_payload(sums, counts)
+    payload = class_sums_payload(sums, counts)
+    budget.released(round_index, payload)  # journaled before it is sent
+    return payload
 
 
 def mean_over_clients(summed: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

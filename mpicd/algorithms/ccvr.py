@@ -224,7 +224,9 @@ class CCVR(FedAvg):
             counts += generator.normal(0.0, s.sigma, size=ctx.num_classes)
         else:
             counts = s.q * np.bincount(ctx.train_y.cpu().numpy(), minlength=ctx.num_classes)
-        return pack(sums, outer, counts)
+        payload = pack(sums, outer, counts)
+        budget.released(round_index, payload)  # journaled before it is sent
+        return payload
 
     @classmethod
     def after_round(cls, members: list["CCVR"], round_index: int) -> None:

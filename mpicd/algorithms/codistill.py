@@ -272,7 +272,9 @@ class CoDistillation(Algorithm):
             count = max(len(taken) + generator.normal(0.0, s.sigma), 1.0)
         else:
             count = max(s.q * len(index), 1.0)
-        return np.ascontiguousarray((total / count)[None], dtype=np.float32)
+        payload = np.ascontiguousarray((total / count)[None], dtype=np.float32)
+        budget.released(round_index, payload)  # journaled before it is sent
+        return payload
 
     def before_epoch(self, round_index: int) -> None:
         type(self).before_round([self], round_index)

@@ -67,6 +67,9 @@ class Scores:
     claim: tuple
 
 
+AUDIT_NONCE = "0" * 16
+
+
 def audit_key(seed: int, kind: str, neighbour: int, noise_scale: float) -> bytes:
     """The secret stream's key of one neighbour's releases: derived from the audit's seed, so a table
     is repeatable (the audit is the auditor's experiment; a run's key is never derived)."""
@@ -96,6 +99,7 @@ def canary_direction(rows, clip: float, towards) -> np.ndarray:
 def _trial_budget(settings: Settings, seed: int, kind: str, neighbour: int, noise_scale: float) -> Budget:
     budget = Budget(settings, seed, neighbour)
     budget.key = audit_key(seed, kind, neighbour, noise_scale)
+    budget.begin(AUDIT_NONCE, None)  # the key is the audit's own: one nonce for all its trials; nothing is sent
     return budget
 
 

@@ -202,6 +202,13 @@ class EvalConfig:
         "union) in the same rounds, into /metrics/train_acc, train_balanced_acc, train_minority_acc, "
         "train_personal_acc, train_recall (NaN when false); changes nothing that is trained",
     )
+    share_train_metrics: bool = spec(
+        False,
+        doc="with privacy on, a client's training metrics (train_loss, train_ce, train_extra and the train_split "
+        "scores) are exact functions of its training data outside the accountant, so they stay on its rank and "
+        "the file holds NaN (attr train_metrics says why); true sends them to the writing rank: refused with "
+        "privacy; without privacy they are always written",
+    )
     shared_models: Literal["once", "per_client"] = spec(
         "once",
         doc="once: the clients of a rank whose algorithm ends the round with one model for all (fedavg) and whose "
@@ -301,11 +308,29 @@ class PrivacyConfig:
     key_dir: Optional[str] = spec(
         None,
         doc="a folder of this site's secret keys, one file per client (client-<c>.key, mode 0600), made on first "
-        "use and read by later runs: the same keys, config and seed give the same results at this site; null: "
+        "use and read by later runs, each drawing under its own nonce (privacy.nonce: the same keys, config, seed and "
+        "nonce give the same results at this site); null: "
         "fresh keys every run (a resumed run takes them from its checkpoint)",
+    )
+    nonce: Optional[str] = spec(
+        None,
+        doc="null: every run draws its noise under its own nonce, its run id (64 random bits, the results file's "
+        "attr privacy_nonce), so a key folder shared by runs never gives two releases the same noise; 16 hex "
+        "digits: another run's privacy_nonce, to repeat its noise with the same keys (the file says so; two such "
+        "runs' releases subtract to the difference of their sums, without noise)",
     )
 
     def __post_init__(self) -> None:
+        if self.nonce is not None:
+            text = str(self.nonce)
+            if len(text) != 16 or any(c not in "0123456789abcdef" for c in text):
+                raise ConfigError(
+                    "privacy.nonce", f"is {self.nonce!r}: a run's nonce is 16 hex digits (attr privacy_nonce)"
+                )
+            if self.noise != "secret":
+                raise ConfigError(
+                    "privacy.nonce", f"names the secret noise's nonce, but privacy.noise is {self.noise!r}"
+                )
         if self.key_dir is not None and self.noise != "secret":
             raise ConfigError("privacy.key_dir", f"holds secret keys, but privacy.noise is {self.noise!r}")
         if self.noise_multiplier is None and self.epsilon is None:
@@ -376,6 +401,7 @@ ADDED_LATER: dict[str, tuple[str | tuple[str, ...] | None, Any]] = {
     "algorithm.reduction": (("fedavg", "fedproto", "feddistill"), "mpi"),  # before: the float32 Allreduce
     "privacy.noise": (None, "seeded"),  # before: a private run's draws came from the public seed
     "data.display_name": (None, None),  # before: no display name (imagefolder is newer still)
+    "privacy.nonce": (None, None),  # before: no nonce (every run at a key folder drew the same streams)
 }
 
 
@@ -454,6 +480,12 @@ class Config:
     )
 
     def __post_init__(self) -> None:
+        if self.privacy is not None and self.eval.share_train_metrics:
+            raise ConfigError(
+                "eval.share_train_metrics",
+                "is true, but privacy is on: a client's exact training loss and training-split scores would reach "
+                "the writing rank outside the accountant; set eval.share_train_metrics: false, or privacy: null",
+            )
         if self.privacy is not None and self.eval.diagnostics:
             raise ConfigError(
                 "eval.diagnostics",

@@ -59,7 +59,8 @@ CHANNELS: dict[str, Channel] = {
                 "every rank stops together"),
         Channel("start", "control", ("int64",), ("allreduce", "bcast"), "peers",
                 "where the run starts: the newest checkpoint round every rank holds, whether every "
-                "state loaded and matches the config, the start decision's flags"),
+                "state loaded and matches the config, the start decision's flags, how many private "
+                "releases the clients journaled"),
         Channel("stop", "control", ("int64",), ("allreduce",), "peers",
                 "each round, whether any rank was asked to stop (a signal), and at the end that every "
                 "rank removed its checkpoints"),

@@ -3,7 +3,10 @@
 The algorithms ask :meth:`Budget.request` before every release; the request is granted (and
 spent) only if the client's epsilon after it stays within ``privacy.epsilon``, so the epsilon in
 the results file never exceeds the budget: a refused client stops sharing from that round on, for
-good (what it would release next only grows its epsilon). Each grant costs one PLD composition of
+good (what it would release next only grows its epsilon). A granted release is handed to
+:meth:`Budget.released` before it is sent, which writes it to the client's journal
+(:mod:`mpicd.privacy.journal`): what left is on disk before it leaves, whatever happens to the
+checkpoints after. Each grant costs one PLD composition of
 the client's history (:class:`~mpicd.privacy.accountant.Accountant`), whose epsilon is also the
 round's value of ``/metrics/epsilon``.
 
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from mpicd.privacy import secret
 from mpicd.privacy.accountant import Accountant, noise_multiplier
 from mpicd.privacy.gaussian import release_multiplier
+from mpicd.privacy.journal import digest, Entry, Journal, ReleaseMismatch, SLOTS
 from mpicd.privacy.streams import RELEASE, stream
 
 
@@ -34,6 +38,7 @@ class Settings:
     noised_counts: bool
     noise: str = "secret"  # privacy.noise: "seeded" is repeatable and not private
     key_dir: str | None = None  # privacy.key_dir: this site's key files (None: a fresh key per run)
+    nonce: str | None = None  # privacy.nonce: another run's nonce, to repeat its noise (None: this run's id)
 
     @property
     def private(self) -> bool:
@@ -63,24 +68,38 @@ def settings(section, rounds: int) -> Settings:
         noised_counts=noised,
         noise=section.noise,
         key_dir=section.key_dir,
+        nonce=section.nonce,
     )
 
 
 class Budget:
-    """A client's accountant, budget and secret key. ``epsilon``: after its last granted release (0
-    before any); ``stopped_at``: the round (from 0) whose release was refused, None while sharing;
-    ``key``: what its streams are drawn from with secret noise (mpicd.privacy.secret: from the
-    operating system's entropy or ``privacy.key_dir``; in the checkpoint, never sent or written to
-    the results file)."""
+    """A client's accountant, budget, secret key and release journal. ``epsilon``: after its last
+    granted release (0 before any); ``stopped_at``: the round (from 0) whose release was refused,
+    None while sharing; ``key``: what its streams are drawn from with secret noise
+    (mpicd.privacy.secret: from the operating system's entropy or ``privacy.key_dir``; in the
+    checkpoint, never sent or written to the results file), with ``nonce``, the run's, given by
+    :meth:`begin`; ``releases``: {round: [(q, multiplier, steps) per release]} granted in this job."""
 
     def __init__(self, settings: Settings, seed: int, client: int):
         self.settings, self.seed, self.client = settings, int(seed), int(client)
         self.key: bytes | None = None
         if settings.noise == "secret":
             self.key = secret.new_key() if settings.key_dir is None else secret.site_key(settings.key_dir, client)
+        self.nonce: bytes | None = None
+        self.journal: Journal | None = None
         self.accountant = Accountant()
         self.epsilon = 0.0
         self.stopped_at: int | None = None
+        self.releases: dict[int, list[tuple[float, float, int]]] = {}
+        # granted, not yet handed to released(); a grant whose payload is never sent (a step dropped by
+        # on_nonfinite: skip) stays spent and is replaced by the next: nothing left, nothing to journal
+        self._granted: tuple[int, int, float, float, int] | None = None
+
+    def begin(self, nonce: str, journal: Journal | None) -> None:
+        """The run's nonce (16 hex digits: its id, or ``privacy.nonce``) and this client's journal
+        (None: releases are not journaled, for callers that send nothing)."""
+        self.nonce = secret.nonce_bytes(nonce)
+        self.journal = journal
 
     def request(
         self, round_index: int, count: int = 1, q: float | None = None, multiplier: float | None = None
@@ -93,13 +112,44 @@ class Budget:
             return False
         trial = Accountant(list(self.accountant.history))
         q = self.settings.q if q is None else q
-        trial.spend(q, self.settings.multiplier if multiplier is None else multiplier, count)
+        multiplier = self.settings.multiplier if multiplier is None else multiplier
+        trial.spend(q, multiplier, count)
         epsilon = trial.epsilon(self.settings.delta)
         if self.settings.budget is not None and epsilon > self.settings.budget:
             self.stopped_at = int(round_index)
             return False
+        made = self.releases.setdefault(int(round_index), [])
+        if len(made) == SLOTS:
+            raise RuntimeError(
+                f"privacy: client {self.client} asks for more than {SLOTS} releases in round {round_index}"
+            )
         self.accountant, self.epsilon = trial, epsilon
+        self._granted = (int(round_index), len(made), float(q), float(multiplier), int(count))
+        made.append(self._granted[2:])
         return True
+
+    def released(self, round_index: int, payload) -> None:
+        """The granted release of ``round_index`` is ``payload`` (an array, or DP-SGD's parameters):
+        journaled and fsynced before the caller sends it. In a round the journal already holds (a
+        restart computing it again), the payload must be the one that left: else
+        :class:`~mpicd.privacy.journal.ReleaseMismatch`, and nothing is sent."""
+        granted, self._granted = self._granted, None
+        if granted is None or granted[0] != int(round_index):
+            raise RuntimeError(f"privacy: client {self.client} releases in round {round_index} without a grant")
+        entry = Entry(*granted, digest(payload))
+        if self.journal is None:
+            return
+        before = self.journal.get(round_index, entry.slot)
+        if before is None:
+            self.journal.record(entry)
+        elif before != entry:
+            raise ReleaseMismatch(
+                f"privacy: client {self.client}'s release of round {round_index + 1}, computed again after the restart, "
+                f"differs from the one {self.journal.path} says left its rank before it ({_what_differs(before, entry)}): "
+                "sending it would let a peer subtract the noise of the two; resume on the CPU model, thread count and "
+                "device of the first job, or pass --overwrite to start a new run (the releases already sent stay out "
+                "of its epsilon)"
+            )
 
     def stopped(self, round_index: int) -> bool:
         """Whether the client has stopped sharing by ``round_index`` (a refused request then or before)."""
@@ -107,7 +157,7 @@ class Budget:
 
     def stream(self, round_index: int, use: int):
         """The client's stream of ``use`` (mpicd.privacy.streams) in this round: secret or seeded."""
-        return stream(self.settings.noise, self.key, self.seed, self.client, round_index, use)
+        return stream(self.settings.noise, self.key, self.nonce, self.seed, self.client, round_index, use)
 
     def generator(self, round_index: int):
         """The stream of the client's release in this round: its Poisson sample, then its noise."""
@@ -138,3 +188,9 @@ class Budget:
             self.key = key
         self.accountant = Accountant([tuple(entry) for entry in state["history"]])
         self.epsilon, self.stopped_at = float(state["epsilon"]), state["stopped_at"]
+
+
+def _what_differs(before: Entry, now: Entry) -> str:
+    if before.accounting() != now.accounting():
+        return f"q, multiplier, steps {before.accounting()} then, {now.accounting()} now"
+    return f"payload sha256 {before.digest[:12]}... then, {now.digest[:12]}... now"

@@ -118,6 +118,17 @@ def _stream_optimizer():
     return StreamNoiseDPOptimizer
 
 
+def expected_batch_size(n: int, batch_size: int) -> int:
+    """The public denominator of every step's noised sum: floor(n q), q = 1 / ceil(n / batch_size), in
+    integers. Opacus' own ``int(n * q)`` in floating point gives 0 where n q is exactly 1 but n * (1 / n)
+    rounds below it (n = 49, 98, 103 at batch size 1): a division by zero, a NaN model. Never below 1,
+    as ceil(n / b) <= n."""
+    n, batch_size = int(n), int(batch_size)
+    if n < 1 or batch_size < 1:
+        raise ValueError(f"privacy: DP-SGD needs n >= 1 images and train.batch_size >= 1, got {n}, {batch_size}")
+    return n // -(-n // batch_size)
+
+
 def make_private(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -133,7 +144,7 @@ def make_private(
 ) -> PrivateTraining:
     """Wrap (model, optimizer, local data) for DP-SGD; ``sampling`` and ``noise`` are the round's
     streams (mpicd.privacy.streams), ``accountant`` carries a client's ledger over rounds (a new one
-    when None). The expected batch size is Opacus': int(n q), q = 1 / ceil(n / batch_size)."""
+    when None). The expected batch size is :func:`expected_batch_size`."""
     from opacus import GradSampleModule
     from opacus.validators import ModuleValidator
 
@@ -153,7 +164,7 @@ def make_private(
         noise=noise,
         noise_multiplier=float(noise_multiplier),
         max_grad_norm=float(max_grad_norm),
-        expected_batch_size=int(len(x) * q),
+        expected_batch_size=expected_batch_size(len(x), batch_size),
         loss_reduction="mean",
     )
     return PrivateTraining(

@@ -1,20 +1,28 @@
 """The secret randomness a private release rests on: a key per client that never leaves its site.
 
 A release is private against the peer that receives it only if that peer cannot redraw its
-Poisson sample and noise. The run's seed is in every rank's config and in the results file, so
-nothing keyed by it can be; each client instead holds a 32-byte key from the operating system's
-entropy (:func:`new_key`), kept in memory and in the rank's own checkpoint (mode 0600, at the
-site), never sent over MPI, never written to the results file or the config.
+Poisson sample and noise, and only if no other release it can see was drawn with the same noise
+(the difference of two releases with equal noise is the difference of their clipped sums, exact).
+The run's seed is in every rank's config and in the results file, so nothing keyed by it can be;
+each client instead holds a 32-byte key from the operating system's entropy (:func:`new_key`), kept
+in memory and in the rank's own checkpoint (mode 0600, at the site), never sent over MPI,
+never written to the results file or the config.
 
-:class:`SecretStream` is the generator of one use of that key (client, round, use): SHAKE-256
-(FIPS 202) of a domain tag, the key and the use's words, read as an extendable output, is a
+:class:`SecretStream` is the generator of one use of that key in one run (the run's nonce; client,
+round, use): SHAKE-256 (FIPS 202) of a domain tag, the key, the nonce and the use's words, read as an
+extendable output, is a
 pseudorandom function of the key (keyed SHA-3 has no length extension; this is KMAC's
 construction without its encoding), so its bytes are indistinguishable from uniform to anyone
 without the key. It offers the two draws the mechanisms make, with the numpy ``Generator``
 signatures they call: :meth:`~SecretStream.random` (uniforms, for the Poisson sample) and
 :meth:`~SecretStream.normal` (Box-Muller on those uniforms, for the Gaussian noise). Each call
 reads the next block of the output, so a stream used in the same order gives the same draws: a
-resumed run, holding the same key, redraws exactly what the uninterrupted run drew.
+resumed run, holding the same key and nonce, redraws exactly what the uninterrupted run drew.
+
+The nonce (:data:`NONCE_BYTES`, the run id's 64 random bits unless ``privacy.nonce`` names another run's)
+is what keeps a key that outlives a run (``privacy.key_dir``) from drawing one stream twice: two runs,
+two packed runs or a run started again with ``--overwrite`` at one site have different run ids, so
+no (key, nonce, client, round, use) repeats.
 
 Floating point: the normals are float64 Box-Muller of 53-bit uniforms, the same class of sampler
 as numpy's and Opacus' (not a certified floating-point-safe Gaussian: Mironov 2012).
@@ -34,12 +42,24 @@ import numpy as np
 from mpicd.core import exclusive
 
 KEY_BYTES = 32
-_TAG = b"mpicd privacy stream v1\x00"
+NONCE_BYTES = 8
+_TAG = b"mpicd privacy stream v2\x00"
 
 
 def new_key() -> bytes:
     """32 bytes from the operating system's CSPRNG (``secrets``, i.e. getrandom / /dev/urandom)."""
     return secrets.token_bytes(KEY_BYTES)
+
+
+def nonce_bytes(nonce: str) -> bytes:
+    """A run's nonce (16 hex digits, as the results file's attr ``privacy_nonce``) as its 8 bytes."""
+    try:
+        raw = bytes.fromhex(nonce)
+    except (TypeError, ValueError):
+        raw = b""
+    if len(raw) != NONCE_BYTES:
+        raise ValueError(f"privacy: a run's nonce is {2 * NONCE_BYTES} hex digits, got {nonce!r}")
+    return raw
 
 
 def check_key(key) -> bytes:
@@ -50,13 +70,18 @@ def check_key(key) -> bytes:
 
 
 class SecretStream:
-    """Uniforms and normals of one use (``words``: client, round, use) of a client's key.
+    """Uniforms and normals of one use (``words``: client, round, use) of a client's key in the run
+    of ``nonce`` (:func:`nonce_bytes`).
 
-    Every call takes a fresh block: SHAKE-256(tag, key, words, call number), as many bytes as
-    the call needs (8 per uniform). Nothing about the key can be learnt from the draws."""
+    Every call takes a fresh block: SHAKE-256(tag, key, nonce, words, call number), as many bytes
+    as the call needs (8 per uniform). Nothing about the key can be learnt from the draws."""
 
-    def __init__(self, key: bytes, *words: int):
-        self._prefix = _TAG + check_key(key) + struct.pack(f">{len(words)}q", *(int(w) for w in words))
+    def __init__(self, key: bytes, nonce: bytes, *words: int):
+        nonce = bytes(nonce)
+        if len(nonce) != NONCE_BYTES:
+            raise ValueError(f"privacy: a run's nonce is {NONCE_BYTES} bytes, got {len(nonce)}")
+        packed = struct.pack(f">{len(words)}q", *(int(w) for w in words))
+        self._prefix = _TAG + check_key(key) + nonce + packed
         self._calls = 0
 
     def _words(self, n: int) -> np.ndarray:

@@ -46,6 +46,7 @@ import numpy as np
 
 from mpicd.mpi.accounting import KINDS, Traffic
 from mpicd.mpi.channels import CHANNELS
+from mpicd.privacy.journal import SLOTS
 
 
 PLACEMENT_STRINGS = {"host": 64, "device": 16, "cpu": 64}
@@ -72,6 +73,9 @@ class RoundRow:
     participated: int = 1  # 0: the client sat the round out (participation < 1)
     epsilon: float = float("nan")  # privacy on: the client's epsilon after the round's releases
     privacy_stopped: int = 0  # privacy on: 1 once its budget refused a release (it stopped sharing)
+    privacy_q: Any = None  # privacy on: (SLOTS,) sample rates of the round's releases (NaN: none)
+    privacy_multiplier: Any = None  # privacy on: (SLOTS,) their noise multipliers (NaN: none)
+    privacy_steps: Any = None  # privacy on: (SLOTS,) the composed steps each was accounted as (0: none)
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,7 @@ DIMENSIONS = {
     "kind": ("", "The kind of MPI operation the bytes were counted under (mpicd.mpi.accounting.KINDS)."),
     "direction": ("", "Bytes sent or received."),
     "channel": ("", "Why the bytes crossed MPI (mpicd.mpi.channels: protocol or instrumentation; attr classes)."),
+    "release": ("1", "A private release's place among the client's releases of the round, from 0."),
 }
 DIRECTIONS = ("sent", "received")
 
@@ -178,6 +183,16 @@ def private_columns() -> list[Column]:
         Column("metrics/privacy_stopped", "i8", (), lambda row: row.privacy_stopped, "1",
                "1 from the round in which the client's privacy budget (privacy.epsilon) refused its release on "
                "(it shares nothing from then on), else 0."),
+        Column("metrics/privacy_q", "f8", (SLOTS,), lambda row: row.privacy_q, "1",
+               "The Poisson sample rate of each release the client's accountant granted in the round, in the order "
+               "made (slot 0; slot 1: CCVR's statistics after its last round's DP-SGD steps); NaN: no release.",
+               ("release",)),
+        Column("metrics/privacy_multiplier", "f8", (SLOTS,), lambda row: row.privacy_multiplier, "1",
+               "The noise multiplier each of those releases was charged at (NaN: no release).", ("release",)),
+        Column("metrics/privacy_steps", "i8", (SLOTS,), lambda row: row.privacy_steps, "1",
+               "How many Poisson-subsampled Gaussian steps each release composed (1 a release; DP-SGD its noised "
+               "steps; 0: none): with privacy_q and privacy_multiplier, what /metrics/epsilon is recomputed from.",
+               ("release",)),
     ]  # fmt: skip
 
 
@@ -294,6 +309,7 @@ def dimension_values(rounds: int, clients: int, class_names: list[str]) -> dict[
         "kind": text(KINDS),
         "direction": text(DIRECTIONS),
         "channel": text(CHANNELS),
+        "release": np.arange(SLOTS, dtype=np.int64),
     }
 
 

@@ -28,7 +28,13 @@ Checked, from the file alone:
   rounds plus outside them, and its payload channel to its bytes in rounds (nothing else crosses
   in a round); no rank but the writer received bytes on a channel that reaches only the writer;
   with privacy, no diagnostics bytes (``--channels`` lists each channel's class and bytes);
-* teachers: -1 or another client; ``skipped`` is 0 or 1; a complete file has its bytes outside rounds.
+* teachers: -1 or another client; ``skipped`` is 0 or 1; a complete file has its bytes outside rounds;
+* privacy: ``/metrics/epsilon`` recomputed, per client and round, from the releases the file records
+  (``/metrics/privacy_q``, ``privacy_multiplier``, ``privacy_steps``) with the accountant (dp-accounting's
+  PLD, mpicd.privacy.accountant): a file
+  whose epsilon is below it (by more than 1e-9 relative) fails; a client's training metrics, which
+  stay on its rank with privacy (attr ``train_metrics``), are NaN; a run that repeats another's noise
+  (``privacy.nonce``) is noted.
 """
 
 from __future__ import annotations
@@ -95,9 +101,15 @@ def verify(path: str | Path) -> Verdict:
             "NOT PRIVATE: its releases' noise was drawn from the run's seed (privacy.noise: seeded, or a file "
             "older than privacy.noise), which any peer can redraw; its epsilon holds against no peer"
         )
+    if str(attrs.get("privacy_nonce_from", "")).startswith("privacy.nonce"):
+        verdict.notes.append(
+            f"REPEATS NOISE: its releases were drawn under privacy.nonce {attrs.get('privacy_nonce')}, another run's: "
+            "with the same keys, the two runs' releases subtract to the difference of their sums, without noise"
+        )
     if done > rounds:
         verdict.problems.append(f"completed_rounds is {done}, more than the run's {rounds} rounds")
     _metrics(verdict, res, config, rounds, done)
+    _epsilon(verdict, res, attrs, done)
     _past_the_end(verdict, path, done)
     _bytes(verdict, res, config, attrs, clients, done, rounds)
     _mpi_bytes(verdict, res.path, config, attrs, done, rounds)
@@ -139,16 +151,16 @@ def _metrics(verdict: Verdict, res, config: dict, rounds: int, done: int) -> Non
     older = not any(name in res.metrics for name in ADDED_LATER)  # written before personal_acc existed
     if older:
         verdict.notes.append("no /metrics/personal_acc (an older mpicd): personalised accuracy not checked")
-    if (config.get("eval") or {}).get("train_split") is True:
+    withheld = "train_metrics" in res.attrs  # privacy on: they stay on each client's rank
+    if (config.get("eval") or {}).get("train_split") is True and not withheld:
         names += TRAINING
-    else:  # off (or a file older than the key): NaN wherever present
-        for name in TRAINING:
+    else:  # off, withheld (or a file older than the key): NaN wherever present
+        for name in TRAINING + (("train_loss", "train_ce", "train_extra") if withheld else ()):
             values = res.metrics.get(name)
             if values is not None and np.isfinite(values).any():
                 rows = np.nonzero(np.isfinite(values).any(axis=1))[0]
-                verdict.problems.append(
-                    f"/metrics/{name} holds values without eval.train_split in rounds {_rounds_text(rows)}"
-                )
+                why = "privacy on (attr train_metrics)" if withheld else "without eval.train_split"
+                verdict.problems.append(f"/metrics/{name} holds values {why} in rounds {_rounds_text(rows)}")
     for name in names:
         values = res.metrics.get(name)
         if values is None and older and name in ADDED_LATER:
@@ -169,13 +181,50 @@ def _metrics(verdict: Verdict, res, config: dict, rounds: int, done: int) -> Non
             )
     _personal(verdict, res)
     loss, skipped = res.metrics.get("train_loss"), res.metrics.get("skipped")
-    if loss is not None:
+    if loss is not None and not withheld:
         kept = np.ones_like(loss, dtype=bool) if skipped is None else skipped == 0
         taking = res.metrics.get("participated")  # participation < 1: the others did not train
         kept &= True if taking is None else taking == 1
         bad = (kept & ~np.isfinite(loss)).any(axis=1)
         if bad.any():
             verdict.problems.append(f"/metrics/train_loss is not finite in rounds {_rounds_text(np.nonzero(bad)[0])}")
+
+
+def _epsilon(verdict: Verdict, res, attrs: dict, done: int) -> None:
+    """/metrics/epsilon against dp-accounting's PLD of the releases recorded up to each round (a file
+    with privacy, written since the releases are recorded). Lower than that: the file claims less
+    than what left."""
+    needed = ("epsilon", "privacy_q", "privacy_multiplier", "privacy_steps")
+    if "privacy_delta" not in attrs:
+        return
+    if not all(name in res.metrics for name in needed):
+        verdict.notes.append("no /metrics/privacy_steps (an older mpicd): epsilon not recomputed from its releases")
+        return
+    from mpicd.privacy.accountant import Accountant
+
+    eps, q, multiplier, steps = (res.metrics[name][:done] for name in needed)
+    delta = float(attrs["privacy_delta"])
+    low = []
+    for c in range(eps.shape[1] if eps.ndim == 2 else 0):
+        ledger, recomputed = Accountant(), 0.0
+        for r in range(done):
+            slots = [s for s in range(steps.shape[2]) if steps[r, c, s] > 0]
+            for s in slots:  # epsilon moves only with a release: recomputed there (cached per history)
+                try:
+                    ledger.spend(float(q[r, c, s]), float(multiplier[r, c, s]), int(steps[r, c, s]))
+                except ValueError as err:
+                    verdict.problems.append(f"client {c}, round {r + 1}: its recorded release is not one: {err}")
+                    return
+            if slots:
+                recomputed = ledger.epsilon(delta)
+            if not eps[r, c] >= recomputed * (1 - 1e-9):
+                low.append((r, c, float(eps[r, c]), recomputed))
+    if low:
+        r, c, claimed, recomputed = low[0]
+        verdict.problems.append(
+            f"/metrics/epsilon is below what its recorded releases compose to in {len(low)} (round, client) cells, "
+            f"first round {r + 1}, client {c}: {claimed:.6g} claimed, {recomputed:.6g} recomputed"
+        )
 
 
 def _scores_generic(algorithm) -> bool:

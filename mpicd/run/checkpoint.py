@@ -37,6 +37,7 @@ from mpicd.core import exclusive
 KEEP = 2
 _NAME = re.compile(r"^rank(\d+)\.round(\d+)(?:\.([0-9a-f]{16}))?\.pt$")  # no id: made before run ids
 _TEMPORARY = re.compile(r"^\.rank\d+\.round\d+.*\.tmp$")
+_JOURNAL = re.compile(r"^client\d+\.[0-9a-f]{16}\.releases$")  # mpicd.privacy.journal, one per client and run
 NDARRAY, NPSCALAR = "__mpicd_ndarray__", "__mpicd_numpy_scalar__"  # a one-key dict holding the tensor
 _LEAVES = (int, float, bool, str, bytes, type(None))
 
@@ -96,6 +97,11 @@ def folder_for(results: str | Path) -> Path:
 
 def path_for(folder: Path, rank: int, completed: int, run_id: str) -> Path:
     return folder / f"rank{rank}.round{completed}.{run_id}.pt"
+
+
+def journal_path(folder: Path, client: int, run_id: str) -> Path:
+    """Where client ``client`` of run ``run_id`` journals its private releases (mpicd.privacy.journal)."""
+    return folder / f"client{int(client)}.{run_id}.releases"
 
 
 def inventory(folder: Path) -> dict[str | None, dict[int, list[int]]]:
@@ -251,13 +257,13 @@ def discard(folder: Path, rank: int, run_id: str, newer_than: int = -1) -> None:
 
 
 def remove_all(folder: Path) -> int:
-    """Delete every checkpoint (and torn temporary file) in the folder, of any run; the folder
-    too if that leaves it empty. Returns the number of files deleted (``--overwrite``)."""
+    """Delete every checkpoint (and torn temporary file, and release journal) in the folder, of any
+    run; the folder too if that leaves it empty. Returns the number of files deleted (``--overwrite``)."""
     if not folder.is_dir():
         return 0
     removed = 0
     for entry in folder.iterdir():
-        if _NAME.match(entry.name) or _TEMPORARY.match(entry.name):
+        if _NAME.match(entry.name) or _TEMPORARY.match(entry.name) or _JOURNAL.match(entry.name):
             entry.unlink(missing_ok=True)
             removed += 1
     try:

@@ -251,6 +251,7 @@ class Client:
         finally:
             private.module.to_standard_module()  # Opacus' hooks off the model: next round wraps it again
         private.check_charged(charged)
+        budget.released(round_index, list(self.model.state_dict().values()))  # the model leaves after the round
         ce, extra = total / max(seen, 1), extra / max(seen, 1)
         return EpochLoss(ce + extra, ce, extra)
 

@@ -25,14 +25,19 @@ from mpicd.evaluation import degenerate
 from mpicd.mpi.assignment import Assignment
 from mpicd.mpi.channels import CHANNELS, payload_channel
 from mpicd.mpi.comm import Traffic
+from mpicd.privacy.journal import Journal, SLOTS
 from mpicd.run import checkpoint, signals
-from mpicd.run.client import Client
+from mpicd.run.client import Client, EpochLoss
 from mpicd.run.faults import FaultInjector
 from mpicd.run.metadata import placement_row, results_attrs
 from mpicd.run.nonfinite import NonFiniteGuard
 from mpicd.run.plan import Plan
 from mpicd.run.resume import agree_on_start, client_state, remove_checkpoints, resume_point
 from mpicd.run.watchdog import Watchdog
+
+
+WITHHELD = EpochLoss(float("nan"), float("nan"), float("nan"))
+"""A private run's training loss in the file: each client's stays on its rank (eval.share_train_metrics)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,7 @@ def run_rounds(
     assignment = make_assignment(plan, comm)
     shared: dict = {}
     clients = [Client(plan, comm, placement.device, c, assignment.owner, shared) for c in assignment.mine]
+    nonce = begin_privacy(plan, clients, out, decision.run_id)
     start = 0 if decision.fresh else resume_point(plan, clients, comm, out, decision)
     if resume and not decision.fresh and comm.rank == 0:
         log(
@@ -146,6 +152,7 @@ def run_rounds(
             **results_attrs(plan, clients[0]),
             "run_id": decision.run_id,
             "config_hash": config_hash(plan.resolved_config),
+            **privacy_run_attrs(plan, nonce),
         },
         train_counts=plan.partition.train_counts,
         test_counts=np.tile(test_counts, (cfg.clients, 1)),
@@ -179,6 +186,37 @@ def run_rounds(
         resume = f"; resume with: {again}" if again else ""
         log(f"mpicd: stopped on request after round {outcome.completed_rounds}{resume}")
     return outcome
+
+
+def begin_privacy(plan: Plan, clients: list[Client], out: Path, run_id: str) -> str | None:
+    """Each private client's nonce (the run id, or privacy.nonce) and release journal (beside its
+    checkpoints); returns the nonce (None: privacy off)."""
+    if plan.privacy is None:
+        return None
+    nonce = plan.privacy.nonce or run_id
+    folder = checkpoint.folder_for(out)
+    for c in clients:
+        c.algorithm.ctx.privacy.begin(nonce, Journal(checkpoint.journal_path(folder, c.index, run_id)))
+    return nonce
+
+
+def privacy_run_attrs(plan: Plan, nonce: str | None) -> dict:
+    """The attrs a private run's file records of this run: its nonce and whence it came; and why its
+    training metrics are NaN (privacy on: they stay on each client's rank)."""
+    if plan.privacy is None:
+        return {}
+    named = plan.privacy.nonce is not None
+    return {
+        "privacy_nonce": nonce,
+        "privacy_nonce_from": (
+            "privacy.nonce: REPEATS the noise of the run whose privacy_nonce this is, with the same keys (two such "
+            "runs' releases subtract to the difference of their sums)"
+            if named
+            else "the run id: 64 random bits drawn at the run's first start, no other run's"
+        ),
+        "train_metrics": "withheld: privacy is on, so each client's training loss and training-split scores stay on "
+        "its rank (NaN here; eval.share_train_metrics)",
+    }
 
 
 def _guards(plan: Plan, clients: list[Client], comm, writer):
@@ -235,6 +273,7 @@ def _rounds(
     first = clients[0]
     began = time.perf_counter()
     one_class: dict[int, list[bool]] = {c.index: [] for c in clients}  # per evaluated round: one-hot test recall
+    withhold = plan.privacy is not None  # training metrics stay on their rank (privacy_run_attrs)
     for r in range(start, cfg.rounds):
         started = time.perf_counter()
         ledger.begin_round(tuple(c.index for c in clients) if many else ())
@@ -302,10 +341,10 @@ def _rounds(
                     eval_seconds=finished - trained,
                 )
             rows[c.index] = RoundRow(
-                loss=losses[c.index],
+                loss=WITHHELD if withhold else losses[c.index],
                 test=test,
                 val=val,
-                train=own,
+                train=None if withhold else own,
                 generic_test=generic[c.index][0],
                 generic_val=generic[c.index][1],
                 traffic=mine,
@@ -362,11 +401,21 @@ def _rounds(
 
 
 def privacy_row(client: Client, round_index: int) -> dict:
-    """The round's /metrics/epsilon and /metrics/privacy_stopped of a client (nothing: privacy off)."""
+    """The round's /metrics/epsilon, privacy_stopped and the releases it granted, in slots (q,
+    multiplier, steps: what mpicd verify recomputes epsilon from) of a client (nothing: privacy off)."""
     budget = client.algorithm.ctx.privacy
     if budget is None:
         return {}
-    return {"epsilon": budget.epsilon, "privacy_stopped": int(budget.stopped(round_index))}
+    q, multiplier, steps = np.full(SLOTS, np.nan), np.full(SLOTS, np.nan), np.zeros(SLOTS, dtype=np.int64)
+    for slot, release in enumerate(budget.releases.get(round_index, [])):
+        q[slot], multiplier[slot], steps[slot] = release
+    return {
+        "epsilon": budget.epsilon,
+        "privacy_stopped": int(budget.stopped(round_index)),
+        "privacy_q": q,
+        "privacy_multiplier": multiplier,
+        "privacy_steps": steps,
+    }
 
 
 def _outside(clients: list[Client], ledger) -> dict[int, Traffic]:

@@ -12,6 +12,7 @@ import torch
 from mpicd.config.identity import RUN_ID_CHARS
 from mpicd.config.sections import config_difference, ConfigError
 from mpicd.mpi.comm import Traffic
+from mpicd.privacy import journal
 from mpicd.run import checkpoint, startpoint
 from mpicd.run.client import Client
 from mpicd.run.plan import Plan
@@ -104,38 +105,39 @@ def agree_on_start(comm, out: Path, resolved: dict, mode: str) -> startpoint.Sta
 
 
 def resume_point(plan: Plan, clients: list[Client], comm, out: Path, decision: startpoint.Start) -> int:
-    """Load the newest checkpoint of this run that all ranks share, at or before the file's
-    completed rounds (collective); returns the first round to run. This run's checkpoints past
-    that point (a round the file does not hold) are deleted, so they never count among the newest two.
+    """Load the newest checkpoint of this run that all ranks share and read whole, at or before
+    the file's completed rounds (collective); returns the first round to run. A checkpoint that
+    does not read (torn, zero-filled) on any rank sends every rank back to the next older one; this
+    run's checkpoints past the one loaded are deleted, so they never count among the newest two.
+
+    With privacy, a run none of whose checkpoints reads is never started again at round 1 while it
+    has released anything (its journals hold a release, or its file holds rounds): that would send
+    those rounds again with other noise, outside the epsilon the file records. ConfigError instead,
+    naming the unreadable file. Without privacy it starts again at round 1, as before.
 
     A checkpoint whose config differs from this run's in anything but operational keys is
     refused with a ConfigError naming the key (raised on every rank).
     """
     folder = checkpoint.folder_for(out)
     indices = [c.index for c in clients]
-    agreed = agree_on_checkpoint(comm, folder, decision.run_id, decision.bound, indices)
-    states, refused = [], []
-    for c in clients:
-        try:
-            states.append(checkpoint.load(folder, c.index, agreed, decision.run_id, c.device) if agreed else None)
-        except checkpoint.Refused:
-            states.append(None)
-            refused.append(c.index)
-    none = plan.config.clients  # more than any client index: no file was refused
-    first = int(comm.allreduce_min(np.array([min(refused, default=none)], dtype=np.int64), channel="start")[0])
-    if first < none:  # every rank raises, so none is left in a collective; rank 0 prints it
-        raise ConfigError(
-            "--resume",
-            f"{checkpoint.path_for(folder, first, agreed, decision.run_id)} is not a checkpoint mpicd wrote"
-            " (it holds more than tensors and plain types; nothing in it was run): move it away to resume"
-            " from an older checkpoint, or start a new output",
-        )
-    ok = int(
-        comm.allreduce_min(np.array([int(all(s is not None for s in states))], dtype=np.int64), channel="start")[0]
-    )
+    bound, unreadable = decision.bound, None
+    while True:
+        agreed = agree_on_checkpoint(comm, folder, decision.run_id, bound, indices)
+        if not agreed:
+            break
+        states = _load_states(plan, clients, comm, folder, agreed, decision.run_id)
+        torn = [c for c, state in zip(indices, states) if state is None]
+        first = int(comm.allreduce_min(np.array([min(torn, default=plan.config.clients)], dtype=np.int64),
+                                       channel="start")[0])  # fmt: skip
+        if first == plan.config.clients:  # every rank read every one of its clients' files
+            break
+        unreadable = unreadable or checkpoint.path_for(folder, first, agreed, decision.run_id)
+        bound = agreed - 1
+    if not agreed:  # before anything is deleted: a refused resume leaves the folder as it was
+        _refuse_a_second_start(plan, clients, comm, folder, decision, unreadable)
     for c in indices:
-        checkpoint.discard(folder, c, decision.run_id, newer_than=agreed if ok else -1)
-    if not ok:
+        checkpoint.discard(folder, c, decision.run_id, newer_than=agreed)
+    if not agreed:
         return 0
     state = states[0]
     difference = config_difference(state["config"], plan.resolved_config, "the checkpoint", "this run")
@@ -152,11 +154,65 @@ def resume_point(plan: Plan, clients: list[Client], comm, out: Path, decision: s
     return agreed
 
 
+def _load_states(plan: Plan, clients: list[Client], comm, folder: Path, agreed: int, run_id: str) -> list:
+    """Each client's state after ``agreed`` rounds (None: it does not read); a file the weights-only
+    loader refuses stops the resume on every rank (ConfigError naming the lowest such client's file)."""
+    states, refused = [], []
+    for c in clients:
+        try:
+            states.append(checkpoint.load(folder, c.index, agreed, run_id, c.device))
+        except checkpoint.Refused:
+            states.append(None)
+            refused.append(c.index)
+    none = plan.config.clients  # more than any client index: no file was refused
+    first = int(comm.allreduce_min(np.array([min(refused, default=none)], dtype=np.int64), channel="start")[0])
+    if first < none:  # every rank raises, so none is left in a collective; rank 0 prints it
+        raise ConfigError(
+            "--resume",
+            f"{checkpoint.path_for(folder, first, agreed, run_id)} is not a checkpoint mpicd wrote"
+            " (it holds more than tensors and plain types; nothing in it was run): move it away to resume"
+            " from an older checkpoint, or start a new output",
+        )
+    return states
+
+
+def _refuse_a_second_start(plan, clients, comm, folder: Path, decision, unreadable: Path | None) -> None:
+    """With privacy, no round 1 again for a run that has released (collective; ConfigError on every
+    rank): the count of journaled releases over every client, and the file's rounds, say whether it has."""
+    if plan.privacy is None:
+        return
+    mine = sum(len(read_journal(checkpoint.journal_path(folder, c.index, decision.run_id))) for c in clients)
+    released = int(comm.allreduce_sum(np.array([mine], dtype=np.int64), channel="start")[0])
+    if not released and not decision.bound:
+        return
+    what = (
+        f"{unreadable} does not read and no older checkpoint of run {decision.run_id} is whole on every rank"
+        if unreadable
+        else f"{folder} holds no checkpoint of run {decision.run_id} at or before round {decision.bound}"
+    )
+    sent = (
+        f"its clients journaled {released} private releases" if released else f"its file holds {decision.bound} rounds"
+    )
+    raise ConfigError(
+        "--resume",
+        f"{what}, but the run has released ({sent}): starting it again at round 1 would send those rounds again "
+        "with other noise, outside the epsilon its file records. Restore the checkpoint, or pass --overwrite to "
+        "start a new run (a new run id and nonce; the releases already sent stay with the peers that received "
+        "them and out of the new run's epsilon)",
+    )
+
+
+def read_journal(path: Path) -> dict:
+    """A client's journal entries (mpicd.privacy.journal.read), {} when it has none."""
+    return journal.read(path) if path.exists() else {}
+
+
 def remove_checkpoints(comm, folder: Path, run_id: str, clients: list[int]) -> None:
-    """A complete run needs no checkpoint: each rank drops its clients', then rank 0 the folder
-    (left in place if another run's files are still in it)."""
+    """A complete run needs no checkpoint, nor release journal: each rank drops its clients', then
+    rank 0 the folder (left in place if another run's files are still in it)."""
     for c in clients:
         checkpoint.discard(folder, c, run_id)
+        checkpoint.journal_path(folder, c, run_id).unlink(missing_ok=True)  # the file now holds every release
     comm.allreduce_min(np.zeros(1, dtype=np.int64), channel="stop")  # every rank has deleted its files
     if comm.rank == 0 and folder.is_dir():
         try:

@@ -44,6 +44,7 @@ class Found:
     checkpoints: dict = field(default_factory=dict)  # checkpoint.inventory(...)
     datasets: frozenset = frozenset()  # every dataset path in the file
     num_classes: int = 0
+    nonce: str | None = None  # attr privacy_nonce: a private run's nonce (None: no privacy, or an older mpicd)
 
     def run_text(self) -> str:
         """``codistill, 8 of 10 rounds done, run 3fa2...``."""
@@ -88,6 +89,7 @@ def inspect(path: str | Path) -> Found:
             checkpoints=checkpoints,
             datasets=frozenset(names),
             num_classes=int(attrs.get("num_classes", 0)),
+            nonce=_text(attrs["privacy_nonce"]) if "privacy_nonce" in attrs else None,
         )
     except Exception as err:  # noqa: BLE001 - torn, foreign or not HDF5: say so, never trust it
         return Found(path, "unreadable", error=" ".join(str(err).split())[:200], checkpoints=checkpoints)
@@ -116,6 +118,11 @@ def decide(found: Found, resolved: dict, mode: str) -> Start:
         note = f"replacing {found.path} ({what})" if found.state != "absent" else ""
         if found.checkpoints:
             note += ("; " if note else "") + f"deleting the checkpoints in {folder}: {found.checkpoint_text()}"
+        if found.state == "results" and isinstance(found.config, dict) and found.config.get("privacy"):
+            note += (
+                f"; a new run (new run id and nonce): the private releases of run {found.run_id or '(no id)'} "
+                "stay with the peers that received them and out of this run's epsilon"
+            )
         return Start(True, new_run_id(), clear=True, note=note)
     if found.state == "absent" and not found.checkpoints:
         return Start(True, new_run_id(), note="no results file yet; starting at round 1" if mode == "resume" else "")
@@ -157,6 +164,13 @@ def decide(found: Found, resolved: dict, mode: str) -> Start:
             + (f" and {len(missing) - 1} more datasets" if len(missing) > 1 else "")
             + ": it was written by an older mpicd and cannot be continued by this one; pass --overwrite "
             "to start it again at round 1",
+        )
+    if found.run_id is not None and isinstance(found.config, dict) and found.config.get("privacy") and not found.nonce:
+        raise ConfigError(
+            "--resume",
+            f"{found.path} ({found.run_text()}) is a private run written by an mpicd without run nonces: this one "
+            "draws other noise, so its rounds cannot be continued or redone without releasing them again; pass "
+            "--overwrite to start a new run",
         )
     if found.run_id is None:
         return Start(

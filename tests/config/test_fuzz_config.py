@@ -88,6 +88,7 @@ KEYS = {
     "eval.train_split": Key("bool"),
     "eval.shared_models": Key("choice", choices=("once", "per_client")),
     "eval.diagnostics": Key("bool"),
+    "eval.share_train_metrics": Key("bool"),
     "checkpoint.every": Key("int", 0),
     "checkpoint.flush_every": Key("int", 1, choices=("auto",)),
     "debug.fail_rank": Key("int", 0, optional=True),
@@ -114,6 +115,7 @@ KEYS = {
     "privacy.counts": Key("choice", choices=("public", "noised")),
     "privacy.noise": Key("choice", choices=("secret", "seeded")),
     "privacy.key_dir": Key("str", optional=True),
+    "privacy.nonce": Key("str", optional=True, always_bad=True),  # 16 hex digits only: a fuzzed string is none
 }
 SECTIONS = ("data", "model", "train", "eval", "checkpoint", "debug", "timeout", "algorithm")
 KNOWN = {section: {k.split(".")[1] for k in KEYS if k.startswith(section + ".")} for section in SECTIONS}

@@ -9,6 +9,7 @@ the algorithms' own PerClassMeans payload).
 from __future__ import annotations
 
 import math
+import stat
 
 import numpy as np
 import pytest
@@ -165,8 +166,8 @@ def test_release_deterministic_per_stream_and_different_across_streams():
     rows = np.random.default_rng(0).normal(size=(100, 8))
     key = secret.new_key()
 
-    def release(noise, seed, client, rnd, key=key):
-        g = streams.stream(noise, key, seed, client, rnd, streams.RELEASE)
+    def release(noise, seed, client, rnd, key=key, nonce=bytes(8)):
+        g = streams.stream(noise, key, nonce, seed, client, rnd, streams.RELEASE)
         return sampled_private_mean(rows, q=0.3, clip=1.0, sigma=1.0, denominator=30.0, generator=g)
 
     for noise in streams.NOISE:
@@ -178,32 +179,41 @@ def test_release_deterministic_per_stream_and_different_across_streams():
     # secret: the seed plays no part, the key does
     assert np.array_equal(release("secret", 1, 2, 3), release("secret", 2, 2, 3))
     assert not np.array_equal(release("secret", 1, 2, 3), release("secret", 1, 2, 3, key=secret.new_key()))
+    # secret: another run's nonce, another stream with the same key (a key folder shared by runs);
+    # seeded: the nonce plays no part (it is not private anyway)
+    assert not np.array_equal(release("secret", 1, 2, 3), release("secret", 1, 2, 3, nonce=bytes(7) + b"\x01"))
+    assert np.array_equal(release("seeded", 1, 2, 3), release("seeded", 1, 2, 3, nonce=bytes(7) + b"\x01"))
 
 
-def test_secret_stream_is_shake256_of_tag_key_words_and_call():
+def test_secret_stream_is_shake256_of_tag_key_nonce_words_and_call():
     """The documented construction, redrawn with hashlib: 64-bit big-endian words of
-    SHAKE-256(tag | key | words | call), top 53 bits times 2**-53."""
+    SHAKE-256(tag | key | nonce | words | call), top 53 bits times 2**-53."""
     import hashlib
     import struct
 
-    key = bytes(range(32))
-    stream = secret.SecretStream(key, 4, 7, 2)
+    key, nonce = bytes(range(32)), bytes.fromhex("00112233445566ff")
+    stream = secret.SecretStream(key, nonce, 4, 7, 2)
     got = [stream.random(3), stream.random(2)]
     for call, u in enumerate(got):
         block = hashlib.shake_256(
-            b"mpicd privacy stream v1\x00" + key + struct.pack(">3q", 4, 7, 2) + struct.pack(">q", call)
+            b"mpicd privacy stream v2\x00" + key + nonce + struct.pack(">3q", 4, 7, 2) + struct.pack(">q", call)
         ).digest(8 * len(u))
         words = [int.from_bytes(block[8 * i : 8 * i + 8], "big") for i in range(len(u))]
         assert u.tolist() == [(w >> 11) / 2**53 for w in words]
     with pytest.raises(ValueError, match="32 bytes"):
-        secret.SecretStream(b"short", 0)
+        secret.SecretStream(b"short", nonce, 0)
+    with pytest.raises(ValueError, match="nonce is 8 bytes"):
+        secret.SecretStream(key, b"short", 0)
+    assert secret.nonce_bytes("00112233445566ff") == nonce
+    with pytest.raises(ValueError, match="16 hex digits"):
+        secret.nonce_bytes("0011")
 
 
 def test_secret_stream_draws_have_their_distributions():
     """Uniforms on [0, 1) and N(loc, scale^2) normals (Kolmogorov-Smirnov at 1e-3, 200,000 draws)."""
     from scipy import stats
 
-    stream = secret.SecretStream(secret.new_key(), 0, 0, 0)
+    stream = secret.SecretStream(secret.new_key(), bytes(8), 0, 0, 0)
     u = stream.random(200_000)
     assert u.min() >= 0 and u.max() < 1 and stats.kstest(u, "uniform").pvalue > 1e-3
     z = stream.normal(1.5, 2.0, size=(400, 500))
@@ -429,3 +439,100 @@ def test_clear_cache_forgets_every_pld_and_epsilon():
     clear_cache()
     assert _release_pld.cache_info().currsize == 0 == _composed_epsilon.cache_info().currsize
     assert accountant.epsilon(0.5, 2.0, 3, 1e-5) == eps
+
+
+# --- the release journal ----------------------------------------------------------------------
+
+
+def test_a_release_is_journaled_before_it_is_returned_and_a_different_one_in_its_round_is_refused(tmp_path):
+    """What a restart meets: a journal line per granted release (q, multiplier, steps, SHA-256 of the
+    payload's dtype, shape and bytes, recomputed here with hashlib), durable before the payload goes;
+    the same round computed again to the same bytes adds nothing, to other bytes is refused."""
+    import hashlib
+
+    from privacy_context import private_settings
+
+    from mpicd.privacy.budget import Budget
+    from mpicd.privacy.journal import Journal, read, ReleaseMismatch
+
+    path = tmp_path / "ckpt" / "client1.0123456789abcdef.releases"
+    first = Budget(private_settings(), 0, 1)
+    first.begin("0123456789abcdef", Journal(path))
+    payload = np.arange(6, dtype=np.float32).reshape(1, 6)
+    assert first.request(2)
+    first.released(2, payload)
+    expected = hashlib.sha256(b"<f4(1, 6)" + payload.tobytes()).hexdigest()
+    (entry,) = read(path).values()
+    assert (entry.round, entry.slot, entry.q, entry.steps, entry.digest) == (2, 0, 0.5, 1, expected)
+    assert entry.multiplier == private_settings().multiplier
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+
+    again = Budget(private_settings(), 0, 1)  # the resumed job: the journal read back
+    again.begin("0123456789abcdef", Journal(path))
+    assert again.request(2)
+    again.released(2, payload.copy())  # the same bytes: the same release, nothing appended
+    assert path.read_text().count("\n") == 1
+    assert again.request(2)  # a second release in the round (CCVR's statistics after DP-SGD): slot 1, journaled
+    again.released(2, payload[:, :3])
+    assert sorted(read(path)) == [(2, 0), (2, 1)]
+    with pytest.raises(RuntimeError, match="without a grant"):
+        again.released(3, payload)
+
+    other = Budget(private_settings(), 0, 1)  # another resumed job, whose round 3 comes out other bytes
+    other.begin("0123456789abcdef", Journal(path))
+    assert other.request(2)
+    moved = payload.copy()
+    moved[0, 3] += 1e-6
+    with pytest.raises(ReleaseMismatch, match=r"round 3.*differs.*--overwrite"):
+        other.released(2, moved)
+    assert path.read_text().count("\n") == 2
+
+
+def test_a_journal_ignores_only_a_torn_last_line(tmp_path):
+    from mpicd.privacy.journal import Entry, Journal, read
+
+    path = tmp_path / "j.releases"
+    Journal(path).record(Entry(0, 0, 0.5, 1.4, 1, "ab" * 32))
+    with open(path, "a") as fh:
+        fh.write('{"round": 1, "q": 0.5')  # a write cut short by a crash: nothing was sent after it
+    assert list(read(path)) == [(0, 0)]
+    with open(path, "a") as fh:
+        fh.write("\n")  # now a whole line that is no entry: refused, naming the file and line
+    with pytest.raises(ValueError, match=r"j.releases: line 2 is not a release entry"):
+        read(path)
+
+
+# --- DP-SGD's expected batch size ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n, batch_size", [(49, 1), (98, 1), (103, 1), (10, 3), (100, 32), (5, 8), (1, 1)])
+def test_dpsgd_expected_batch_size_is_floor_of_n_over_the_batch_count(n, batch_size):
+    """floor(n / ceil(n / b)) by integer arithmetic, never 0: at batch size 1 it is 1 for every n
+    (Opacus' int(n * (1 / n)) is 0 for n = 49, 98, 103)."""
+    from fractions import Fraction
+
+    from mpicd.privacy.dpsgd import expected_batch_size
+
+    batches = -(-n // batch_size)
+    assert expected_batch_size(n, batch_size) == int(Fraction(n, batches)) >= 1
+    if batch_size == 1:
+        assert expected_batch_size(n, 1) == 1
+
+
+def test_dpsgd_at_batch_size_one_on_49_images_trains_to_a_finite_model():
+    """The reproduction: 49 images, batch size 1 gave Opacus an expected batch size of 0 and a NaN
+    model; now one epoch keeps every parameter finite."""
+    from mpicd.privacy import dpsgd
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 2)
+    x, y = torch.randn(49, 5), torch.arange(49) % 2
+    private = dpsgd.make_private(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), x, y, batch_size=1, noise_multiplier=1.0,
+        max_grad_norm=1.0, sampling=np.random.default_rng(0), noise=np.random.default_rng(1),
+    )  # fmt: skip
+    try:
+        assert dpsgd.train_epoch(private) > 0
+    finally:
+        private.module.to_standard_module()
+    assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -21,6 +21,7 @@ from mpicd.privacy.streams import DPSGD_NOISE, DPSGD_SAMPLING
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # images need no gradient
 
 DELTA = 1e-5
+NONCE = bytes(8)  # a run's nonce
 N, BATCH = 64, 16  # q = 1/4, Opacus' expected batch size 16
 
 
@@ -110,7 +111,12 @@ def test_dpsgd_epoch_deterministic_per_stream_and_accounted():
             p = private(model, 0.1, 1.0, 1.0, seed)
         else:
             p = private(
-                model, 0.1, 1.0, 1.0, sampling=SecretStream(key, 0, 0, 1), noise_stream=SecretStream(key, 0, 0, 2)
+                model,
+                0.1,
+                1.0,
+                1.0,
+                sampling=SecretStream(key, NONCE, 0, 0, 1),
+                noise_stream=SecretStream(key, NONCE, 0, 0, 2),
             )
         steps = dpsgd.train_epoch(p)
         return [t.detach().clone() for t in model.parameters()], steps, p

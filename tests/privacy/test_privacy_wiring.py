@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from privacy_context import context, private_settings
+from privacy_context import context, NONCE, private_settings
 from conftest import DRIVERS, QUICKSTART, mpicd_run, mpiexec
 from mpicd.algorithms import resolve
 from mpicd.algorithms.aggregate import private_class_payload
@@ -30,7 +31,7 @@ from mpicd.results.reader import Results
 from mpicd.run.plan import prepare
 
 PRIVATE = "privacy={epsilon: 4, noise_multiplier: 2.0, sample_rate: 0.5}"
-RUN = ("clients=3", "rounds=6", PRIVATE)
+RUN = ("clients=3", "rounds=6", PRIVATE, "eval.train_split=true")
 
 
 def epsilon_direct(q: float, multiplier: float, releases: int, delta: float) -> float:
@@ -111,10 +112,10 @@ def test_a_codistill_budget_that_can_run_out_is_refused_with_several_clients_per
 
 def redrawn(noise: str, ctx, round_index: int):
     """The release stream of client 1 by hand: seeded, numpy's (seed 3, PRIVACY, client, round,
-    RELEASE); secret, SHAKE-256 of the client's key (mpicd.privacy.secret)."""
+    RELEASE); secret, SHAKE-256 of the client's key and the run's nonce (mpicd.privacy.secret)."""
     if noise == "seeded":
         return seeds.rng(3, seeds.PRIVACY, 1, round_index, 0)
-    return SecretStream(ctx.privacy.key, 1, round_index, 0)
+    return SecretStream(ctx.privacy.key, bytes.fromhex(NONCE), 1, round_index, 0)
 
 
 # counts: public with secret noise is refused (exact class sizes under zero-out: tests/mpi/test_channels.py)
@@ -207,8 +208,8 @@ def test_keys_stay_at_the_site_and_two_private_runs_differ(private_run, keys, tm
     assert Results(private_run).attrs["privacy_noise"].startswith("secret")
     other = tmp_path / "fresh.h5"
     mpicd_run(3, QUICKSTART, other, *RUN, timeout=400)
-    a, b = Results(private_run).metrics["train_loss"], Results(other).metrics["train_loss"]
-    assert not np.array_equal(a, b)
+    a, b = Results(private_run).metrics, Results(other).metrics
+    assert any(not np.array_equal(a[name], b[name]) for name in ("test_acc", "recall", "balanced_acc"))
 
 
 def test_epsilon_per_round_equals_dp_accounting_and_stops_at_the_budget(private_run):
@@ -240,27 +241,126 @@ def test_the_private_file_verifies(private_run):
     assert verdict.ok, verdict.text()
 
 
+def repeating(path) -> tuple[str, ...]:
+    """RUN naming the nonce of the run in ``path`` (privacy.nonce): a new run at the same key folder
+    that repeats its noise, so that its file can equal the other's (a run's own nonce is its id)."""
+    return (*RUN, f"privacy.nonce='{Results(path).attrs['privacy_nonce']}'")
+
+
 def test_resume_with_privacy_equals_the_uninterrupted_run(private_run, keys, tmp_path):
     """Killed in round 3 and resumed: the checkpoints hold the keys (a fresh folder of keys for the
-    resume would be refused), the draws go on as the uninterrupted run's did."""
+    resume would be refused), the draws go on as the uninterrupted run's did (the new run repeats the
+    uninterrupted run's nonce, privacy.nonce, so the two can be compared)."""
     out = tmp_path / "run.h5"
+    again = repeating(private_run)
     failed = mpiexec(
-        3, "-m", "mpicd", "run", str(QUICKSTART), *RUN, f"privacy.key_dir={keys}", "debug.fail_rank=1",
+        3, "-m", "mpicd", "run", str(QUICKSTART), *again, f"privacy.key_dir={keys}", "debug.fail_rank=1",
         "debug.fail_round=3", "--out", str(out), timeout=400,
     )  # fmt: skip
     assert failed.returncode != 0
     other = mpiexec(
-        3, "-m", "mpicd", "run", str(QUICKSTART), *RUN, f"privacy.key_dir={tmp_path / 'other'}", "--resume",
+        3, "-m", "mpicd", "run", str(QUICKSTART), *again, f"privacy.key_dir={tmp_path / 'other'}", "--resume",
         "--out", str(out), timeout=400,
     )  # fmt: skip
     assert other.returncode != 0 and "is not the key the checkpoint of client" in other.stderr, other.stderr[-2000:]
-    mpicd_run(3, QUICKSTART, out, *RUN, "--resume", timeout=400)  # no key_dir: the checkpoints' keys
+    mpicd_run(3, QUICKSTART, out, *again, "--resume", timeout=400)  # no key_dir: the checkpoints' keys
     a, b = Results(out), Results(private_run)
     assert list(a.attrs["resumed_at"]) == [3]
     for name in a.metrics:
         if not name.endswith("_seconds"):
             np.testing.assert_array_equal(a.metrics[name], b.metrics[name], err_msg=name)
     np.testing.assert_array_equal(a.bytes_sent_by_kind, b.bytes_sent_by_kind)
+
+
+def test_a_lost_checkpoint_never_starts_a_private_run_again_and_every_release_is_counted(private_run, keys, tmp_path):
+    """The attacker's restart: client 1's checkpoints zero-filled after a crash in round 4. Every one
+    of them: exit 2 naming the newest, nothing sent again (today's rows and journals as they were).
+    The older one back: the run resumes from it (not from round 1), computes round 3 again to the
+    bytes its journals say left, and ends equal to the uninterrupted run, epsilon included."""
+    from mpicd.privacy.journal import read
+    from mpicd.results.verify import verify
+
+    out = tmp_path / "run.h5"
+    again = repeating(private_run)
+    failed = mpiexec(
+        3, "-m", "mpicd", "run", str(QUICKSTART), *again, f"privacy.key_dir={keys}", "debug.fail_rank=1",
+        "debug.fail_round=3", "--out", str(out), timeout=400,
+    )  # fmt: skip
+    assert failed.returncode != 0
+    crashed = Results(out)
+    run_id, folder = crashed.attrs["run_id"], Path(f"{out}.ckpt")
+    journals = {c: read(folder / f"client{c}.{run_id}.releases") for c in range(3)}
+    multiplier = float(crashed.attrs["privacy_release_multiplier"])
+    for c in range(3):  # a journal line for every release the file's rounds record, and the same accounting
+        for r in range(crashed.completed_rounds):
+            steps = crashed.metrics["privacy_steps"][r, c]
+            teaching = int(bool((crashed.teacher[r] == c).any()) and not crashed.metrics["privacy_stopped"][r, c])
+            assert steps.tolist() == [teaching, 0]
+            if teaching:
+                entry = journals[c][r, 0]
+                assert (entry.q, entry.multiplier, entry.steps) == (0.5, multiplier, 1) and len(entry.digest) == 64
+                assert crashed.metrics["privacy_q"][r, c, 0] == 0.5
+                assert crashed.metrics["privacy_multiplier"][r, c, 0] == multiplier
+            else:
+                assert (r, 0) not in journals[c]
+            assert (r, 1) not in journals[c]
+    files = sorted(folder.glob("rank1.round*.pt"))
+    assert [f.name.split(".")[1] for f in files] == ["round2", "round3"], files
+    saved = {f: f.read_bytes() for f in files}
+    for f in files:
+        f.write_bytes(bytes(len(saved[f])))
+    rows = crashed.metrics["epsilon"].copy()
+    refused = mpiexec(3, "-m", "mpicd", "run", str(QUICKSTART), *again, "--resume", "--out", str(out), timeout=400)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert str(files[1]) in refused.stderr and "would send those rounds again" in refused.stderr, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr
+    after = Results(out)
+    assert after.completed_rounds == crashed.completed_rounds
+    np.testing.assert_array_equal(after.metrics["epsilon"], rows)
+    assert {c: read(folder / f"client{c}.{run_id}.releases") for c in range(3)} == journals
+    files[0].write_bytes(saved[files[0]])  # the older checkpoint back; the newest stays zero-filled
+    mpicd_run(3, QUICKSTART, out, *again, "--resume", timeout=400)
+    a, b = Results(out), Results(private_run)
+    assert list(a.attrs["resumed_at"]) == [2]
+    for name in a.metrics:
+        if not name.endswith("_seconds"):
+            np.testing.assert_array_equal(a.metrics[name], b.metrics[name], err_msg=name)
+    assert verify(out).ok, verify(out).text()
+    assert not folder.exists()  # complete: checkpoints and journals gone, the file holds every release
+
+
+def test_verify_fails_a_file_whose_epsilon_is_below_its_recorded_releases(private_run, tmp_path):
+    """The file's epsilon lowered in one cell (as an undercounting restart would leave it): verify
+    recomputes it from /metrics/privacy_q, privacy_multiplier and privacy_steps and names the cell."""
+    import shutil
+
+    import h5py
+
+    from mpicd.results.verify import verify
+
+    res = Results(private_run)
+    r, c, _ = map(int, np.argwhere(res.metrics["privacy_steps"] > 0)[-1])
+    copy = tmp_path / "lowered.h5"
+    shutil.copy(private_run, copy)
+    with h5py.File(copy, "r+") as f:
+        f["metrics/epsilon"][r, c] = f["metrics/epsilon"][r, c] * 0.9
+    verdict = verify(copy)
+    assert not verdict.ok and any(
+        "below what its recorded releases compose to" in p and f"round {r + 1}, client {c}" in p
+        for p in verdict.problems
+    ), verdict.text()
+    with h5py.File(copy, "r+") as f:
+        f["metrics/epsilon"][r, c] = res.metrics["epsilon"][r, c] * 1.1  # above: conservative, not a problem
+    assert verify(copy).ok, verify(copy).text()
+
+
+def test_a_private_runs_training_metrics_stay_on_their_ranks(private_run):
+    """With eval.train_split on, the file (what the writing rank gathered) holds NaN for every
+    client's training loss and training-split scores, and says why; verify holds it to that."""
+    res = Results(private_run)
+    for name in ("train_loss", "train_ce", "train_extra", "train_acc", "train_minority_acc", "train_recall"):
+        assert np.isnan(res.metrics[name]).all(), name
+    assert res.attrs["train_metrics"].startswith("withheld: privacy is on")
 
 
 @pytest.fixture(scope="module", params=["fedavg", "fedamp"])
@@ -295,21 +395,40 @@ def test_dpsgd_epsilon_is_its_steps_and_the_budget_stops_its_share(dpsgd_run, tm
             assert math.isclose(eps[r, c], epsilon_direct(q, 2.0, spent * steps, 1e-5), rel_tol=1e-9)
         assert (eps[:, c] <= 2.5).all() and stopped[-1, c] == 1  # 2.5 is spent within 5 rounds
     assert verify(path).ok, verify(path).text()
-    if algorithm == "fedamp":
-        assert (res.metrics["train_extra"][1:] > 0).all()  # the proximal term, added after the noise
+    if algorithm == "fedamp":  # the proximal term: test_fedamp_dpsgd_adds_the_proximal_term_after_the_noise
+        assert np.isnan(res.metrics["train_extra"]).all()  # a training metric: it stays on the client's rank
         return
-    out = tmp_path / "run.h5"  # resume equals the uninterrupted run
+    out = tmp_path / "run.h5"  # resume equals the uninterrupted run (whose nonce it repeats)
+    nonce = f"privacy.nonce='{res.attrs['privacy_nonce']}'"
     failed = mpiexec(
-        2, "-m", "mpicd", "run", str(QUICKSTART), "clients=2", "rounds=5", "algorithm=fedavg", *DPSGD,
+        2, "-m", "mpicd", "run", str(QUICKSTART), "clients=2", "rounds=5", "algorithm=fedavg", *DPSGD, nonce,
         f"privacy.key_dir={keys}", "debug.fail_rank=0", "debug.fail_round=2", "--out", str(out), timeout=400,
     )  # fmt: skip
     assert failed.returncode != 0
-    mpicd_run(2, QUICKSTART, out, "clients=2", "rounds=5", "algorithm=fedavg", *DPSGD, "--resume", timeout=400)
+    mpicd_run(2, QUICKSTART, out, "clients=2", "rounds=5", "algorithm=fedavg", *DPSGD, nonce, "--resume", timeout=400)
     a = Results(out)
     assert list(a.attrs["resumed_at"]) == [2]
     for name in a.metrics:
         if not name.endswith("_seconds"):
             np.testing.assert_array_equal(a.metrics[name], res.metrics[name], err_msg=name)
+
+
+def test_fedamp_dpsgd_adds_the_proximal_term_after_the_noise():
+    """In process (the training loss stays on its rank with privacy, so the file cannot show it): a
+    FedAMP client under DP-SGD with a cloud model away from its own trains with the proximal term, its
+    round's extra loss (lambda / 2 alpha) ||w - u||^2 > 0, and journals nothing without a journal."""
+    from types import SimpleNamespace
+
+    from mpicd.run.client import Client
+
+    plan = prepare(load_config(QUICKSTART, ["clients=2", "device=cpu", "algorithm=fedamp", *DPSGD]))
+    client = Client(plan, SimpleNamespace(rank=0, size=2), "cpu")
+    client.algorithm.ctx.privacy.begin(NONCE, None)
+    client.algorithm.cloud = [p.detach().clone() + 0.5 for p in client.model.parameters()]
+    loss = client.local_epochs(1)
+    assert loss.extra > 0 and math.isclose(loss.total, loss.ce + loss.extra, rel_tol=1e-12)
+    client.algorithm.cloud = None
+    assert client.local_epochs(2).extra == 0.0
 
 
 def test_no_unclipped_or_unnoised_value_crosses_mpi(tmp_path):

@@ -45,8 +45,8 @@ def test_every_key_the_loader_accepts_is_in_the_tables():
     # 26 + on_nonfinite, debug.fail_{rank,round,kind,at}, timeout.round_seconds, eval.every,
     # data.label_map, train.optimizer_state, train.loss, eval.train_split, eval.diagnostics,
     # data.partition, data.dirichlet_alpha, data.images_per_client, checkpoint.flush_every,
-    # clients_per_rank, participation, eval.shared_models, train.sampler
-    assert len(keys) == 47
+    # clients_per_rank, participation, eval.shared_models, train.sampler, eval.share_train_metrics
+    assert len(keys) == 48
     for key in keys | {"algorithm.name"}:
         assert f"| `{key}` |" in tables, key
     for name, cls in REGISTRY.items():

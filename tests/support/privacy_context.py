@@ -14,6 +14,8 @@ from mpicd.config.loading import load_config
 from mpicd.models.networks import build_model
 from mpicd.privacy.budget import Budget, settings
 
+NONCE = "0123456789abcdef"  # the nonce of the hand-built contexts' run (a run id's 16 hex digits)
+
 
 def context(privacy, seed=3, n=64, width=8):
     """(ctx, model, x, y): client 1 of 2 with n random 30-feature rows; privacy None: no budget."""
@@ -22,6 +24,8 @@ def context(privacy, seed=3, n=64, width=8):
     x = torch.randn(n, 30) * 5
     y = torch.arange(n) % 2
     budget = None if privacy is None else Budget(privacy, seed, 1)
+    if budget is not None:
+        budget.begin(NONCE, None)  # a run's nonce; no journal: nothing here is sent
     ctx = Context(
         None, model, torch.device("cpu"), seed, 2, np.array([0, 1]), x, y, client=1, owner=np.zeros(2), privacy=budget
     )
