@@ -316,7 +316,8 @@ class PrivacyConfig:
         None,
         doc="null: every run draws its noise under its own nonce, its run id (64 random bits, the results file's "
         "attr privacy_nonce), so a key folder shared by runs never gives two releases the same noise; 16 hex "
-        "digits: another run's privacy_nonce, to repeat its noise with the same keys (the file says so; two such "
+        "digits (quoted): another run's privacy_nonce, to repeat its noise with the same keys (privacy.key_dir; the "
+        "file says so; two such "
         "runs' releases subtract to the difference of their sums, without noise)",
     )
 
@@ -330,6 +331,12 @@ class PrivacyConfig:
             if self.noise != "secret":
                 raise ConfigError(
                     "privacy.nonce", f"names the secret noise's nonce, but privacy.noise is {self.noise!r}"
+                )
+            if self.key_dir is None:
+                raise ConfigError(
+                    "privacy.nonce",
+                    "repeats another run's noise with the same keys, but privacy.key_dir is null (fresh keys: nothing "
+                    "is repeated); name the key folder of the run to repeat",
                 )
         if self.key_dir is not None and self.noise != "secret":
             raise ConfigError("privacy.key_dir", f"holds secret keys, but privacy.noise is {self.noise!r}")

@@ -146,9 +146,10 @@ class Budget:
             raise ReleaseMismatch(
                 f"privacy: client {self.client}'s release of round {round_index + 1}, computed again after the restart, "
                 f"differs from the one {self.journal.path} says left its rank before it ({_what_differs(before, entry)}): "
-                "sending it would let a peer subtract the noise of the two; resume on the CPU model, thread count and "
-                "device of the first job, or pass --overwrite to start a new run (the releases already sent stay out "
-                "of its epsilon)"
+                "sending it would let a peer subtract the noise of the two; resume on the CPU model, thread count, "
+                "device and number of ranks of the first job (the float32 average of algorithm.reduction: mpi depends "
+                "on the ranks), or pass --overwrite to start a new run (the releases already sent stay out of its "
+                "epsilon)"
             )
 
     def stopped(self, round_index: int) -> bool:

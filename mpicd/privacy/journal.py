@@ -14,8 +14,8 @@ one that left, byte for byte (then it is that release, counted once), or it is r
 (mpicd.run.resume).
 
 The file is the site's, beside the client's checkpoints (mode 0600, created without following a
-link); a line cut short by a crash is the last line, written before anything was sent, and is
-ignored.
+link); a line cut short by a crash is the last line, written before anything was sent: it is
+ignored, and cut off before the next line is appended.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ class Journal:
         self.entries: dict[tuple[int, int], Entry] = {}
         if self.path.exists():
             self.entries = read(self.path)
+            _cut_torn_line(self.path)  # so that the next line starts a line of its own
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -122,3 +123,17 @@ def read(path: str | Path) -> dict[tuple[int, int], Entry]:
             raise ValueError(f"{path}: line {number} is not a release entry: {line[:80]!r}") from None
         entries[entry.round, entry.slot] = entry
     return entries
+
+
+def _cut_torn_line(path: Path) -> None:
+    """Truncate the file after its last newline (a line cut short by a crash: nothing was sent after
+    it) and fsync, so that an append never joins it."""
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        data = os.pread(fd, os.fstat(fd).st_size, 0)
+        keep = data.rfind(b"\n") + 1
+        if keep != len(data):
+            os.ftruncate(fd, keep)
+            os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -10,6 +10,7 @@ back: mpicd.run.resume; what the results file records besides the rounds: mpicd.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -133,7 +134,7 @@ def run_rounds(
     assignment = make_assignment(plan, comm)
     shared: dict = {}
     clients = [Client(plan, comm, placement.device, c, assignment.owner, shared) for c in assignment.mine]
-    nonce = begin_privacy(plan, clients, out, decision.run_id)
+    nonce = begin_privacy(plan, clients, comm, out, decision.run_id)
     start = 0 if decision.fresh else resume_point(plan, clients, comm, out, decision)
     if resume and not decision.fresh and comm.rank == 0:
         log(
@@ -188,16 +189,40 @@ def run_rounds(
     return outcome
 
 
-def begin_privacy(plan: Plan, clients: list[Client], out: Path, run_id: str) -> str | None:
+def begin_privacy(plan: Plan, clients: list[Client], comm, out: Path, run_id: str) -> str | None:
     """Each private client's nonce (the run id, or privacy.nonce) and release journal (beside its
-    checkpoints); returns the nonce (None: privacy off)."""
+    checkpoints); returns the nonce (None: privacy off). A journal that does not read stops the run
+    on every rank (collective: the lowest such client agreed), a ConfigError naming its file."""
     if plan.privacy is None:
         return None
     nonce = plan.privacy.nonce or run_id
     folder = checkpoint.folder_for(out)
+    unread = []
     for c in clients:
-        c.algorithm.ctx.privacy.begin(nonce, Journal(checkpoint.journal_path(folder, c.index, run_id)))
+        path = checkpoint.journal_path(folder, c.index, run_id)
+        try:
+            journal = Journal(path)
+        except (OSError, ValueError) as err:
+            unread.append(c.index)
+            log_error(f"mpicd: rank {comm.rank}: {err}")
+            journal = None
+        c.algorithm.ctx.privacy.begin(nonce, journal)
+    none = plan.config.clients
+    first = int(comm.allreduce_min(np.array([min(unread, default=none)], dtype=np.int64), channel="start")[0])
+    if first < none:
+        raise ConfigError(
+            "--resume",
+            f"{checkpoint.journal_path(folder, first, run_id)} does not read as a release journal (see its rank's "
+            "message): what the client released cannot be known, so the run cannot go on; restore the file, or "
+            "pass --overwrite to start a new run (the releases already sent stay out of its epsilon)",
+        )
     return nonce
+
+
+def log_error(line: str) -> None:
+    """One line to this rank's stderr (the rank that knows why; rank 0 prints the ConfigError)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def privacy_run_attrs(plan: Plan, nonce: str | None) -> dict:

@@ -12,7 +12,6 @@ import torch
 from mpicd.config.identity import RUN_ID_CHARS
 from mpicd.config.sections import config_difference, ConfigError
 from mpicd.mpi.comm import Traffic
-from mpicd.privacy import journal
 from mpicd.run import checkpoint, startpoint
 from mpicd.run.client import Client
 from mpicd.run.plan import Plan
@@ -181,7 +180,7 @@ def _refuse_a_second_start(plan, clients, comm, folder: Path, decision, unreadab
     rank): the count of journaled releases over every client, and the file's rounds, say whether it has."""
     if plan.privacy is None:
         return
-    mine = sum(len(read_journal(checkpoint.journal_path(folder, c.index, decision.run_id))) for c in clients)
+    mine = sum(len(c.algorithm.ctx.privacy.journal or ()) for c in clients)  # read by loop.begin_privacy
     released = int(comm.allreduce_sum(np.array([mine], dtype=np.int64), channel="start")[0])
     if not released and not decision.bound:
         return
@@ -200,11 +199,6 @@ def _refuse_a_second_start(plan, clients, comm, folder: Path, decision, unreadab
         "start a new run (a new run id and nonce; the releases already sent stay with the peers that received "
         "them and out of the new run's epsilon)",
     )
-
-
-def read_journal(path: Path) -> dict:
-    """A client's journal entries (mpicd.privacy.journal.read), {} when it has none."""
-    return journal.read(path) if path.exists() else {}
 
 
 def remove_checkpoints(comm, folder: Path, run_id: str, clients: list[int]) -> None:

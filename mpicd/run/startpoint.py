@@ -165,7 +165,7 @@ def decide(found: Found, resolved: dict, mode: str) -> Start:
             + ": it was written by an older mpicd and cannot be continued by this one; pass --overwrite "
             "to start it again at round 1",
         )
-    if found.run_id is not None and isinstance(found.config, dict) and found.config.get("privacy") and not found.nonce:
+    if isinstance(found.config, dict) and found.config.get("privacy") and not found.nonce:
         raise ConfigError(
             "--resume",
             f"{found.path} ({found.run_text()}) is a private run written by an mpicd without run nonces: this one "

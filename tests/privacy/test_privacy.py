@@ -496,10 +496,14 @@ def test_a_journal_ignores_only_a_torn_last_line(tmp_path):
     with open(path, "a") as fh:
         fh.write('{"round": 1, "q": 0.5')  # a write cut short by a crash: nothing was sent after it
     assert list(read(path)) == [(0, 0)]
+    journal = Journal(path)  # a resumed job: the torn line cut off before it appends
+    assert list(journal.entries) == [(0, 0)]
+    journal.record(Entry(1, 0, 0.5, 1.4, 1, "cd" * 32))
+    assert list(read(path)) == [(0, 0), (1, 0)] and path.read_text().count("\n") == 2
     with open(path, "a") as fh:
-        fh.write("\n")  # now a whole line that is no entry: refused, naming the file and line
-    with pytest.raises(ValueError, match=r"j.releases: line 2 is not a release entry"):
-        read(path)
+        fh.write("garbage\n")  # a whole line that is no entry: refused, naming the file and line
+    with pytest.raises(ValueError, match=r"j.releases: line 3 is not a release entry"):
+        Journal(path)
 
 
 # --- DP-SGD's expected batch size ------------------------------------------------------------------

@@ -156,3 +156,6 @@ def test_sharing_training_metrics_is_refused_with_privacy_naming_the_key():
     with pytest.raises(ConfigError) as err:
         load_config(QUICKSTART, ["privacy={noise_multiplier: 1, noise: seeded, nonce: '0123456789abcdef'}"])
     assert err.value.key == "privacy.nonce"
+    with pytest.raises(ConfigError, match="key_dir is null") as err:  # fresh keys repeat nothing
+        load_config(QUICKSTART, ["privacy={noise_multiplier: 1, nonce: '0123456789abcdef'}"])
+    assert err.value.key == "privacy.nonce"

@@ -247,10 +247,16 @@ def repeating(path) -> tuple[str, ...]:
     return (*RUN, f"privacy.nonce='{Results(path).attrs['privacy_nonce']}'")
 
 
-def test_resume_with_privacy_equals_the_uninterrupted_run(private_run, keys, tmp_path):
-    """Killed in round 3 and resumed: the checkpoints hold the keys (a fresh folder of keys for the
-    resume would be refused), the draws go on as the uninterrupted run's did (the new run repeats the
-    uninterrupted run's nonce, privacy.nonce, so the two can be compared)."""
+def test_a_lost_checkpoint_never_starts_a_private_run_again_and_every_release_is_counted(private_run, keys, tmp_path):
+    """Killed in round 4 and resumed, the attacker's way: the new run repeats the uninterrupted run's
+    nonce (privacy.nonce) so the two can be compared. A fresh key folder for the resume is refused
+    (the checkpoints hold the keys). Client 1's checkpoints zero-filled, every one of them: exit 2
+    naming the newest, nothing sent again (the rows and journals as they were). The older one back:
+    the run resumes from it (not from round 1), computes round 3 again to
+    the bytes its journals say left, and ends equal to the uninterrupted run, epsilon included."""
+    from mpicd.privacy.journal import read
+    from mpicd.results.verify import verify
+
     out = tmp_path / "run.h5"
     again = repeating(private_run)
     failed = mpiexec(
@@ -263,30 +269,6 @@ def test_resume_with_privacy_equals_the_uninterrupted_run(private_run, keys, tmp
         "--out", str(out), timeout=400,
     )  # fmt: skip
     assert other.returncode != 0 and "is not the key the checkpoint of client" in other.stderr, other.stderr[-2000:]
-    mpicd_run(3, QUICKSTART, out, *again, "--resume", timeout=400)  # no key_dir: the checkpoints' keys
-    a, b = Results(out), Results(private_run)
-    assert list(a.attrs["resumed_at"]) == [3]
-    for name in a.metrics:
-        if not name.endswith("_seconds"):
-            np.testing.assert_array_equal(a.metrics[name], b.metrics[name], err_msg=name)
-    np.testing.assert_array_equal(a.bytes_sent_by_kind, b.bytes_sent_by_kind)
-
-
-def test_a_lost_checkpoint_never_starts_a_private_run_again_and_every_release_is_counted(private_run, keys, tmp_path):
-    """The attacker's restart: client 1's checkpoints zero-filled after a crash in round 4. Every one
-    of them: exit 2 naming the newest, nothing sent again (today's rows and journals as they were).
-    The older one back: the run resumes from it (not from round 1), computes round 3 again to the
-    bytes its journals say left, and ends equal to the uninterrupted run, epsilon included."""
-    from mpicd.privacy.journal import read
-    from mpicd.results.verify import verify
-
-    out = tmp_path / "run.h5"
-    again = repeating(private_run)
-    failed = mpiexec(
-        3, "-m", "mpicd", "run", str(QUICKSTART), *again, f"privacy.key_dir={keys}", "debug.fail_rank=1",
-        "debug.fail_round=3", "--out", str(out), timeout=400,
-    )  # fmt: skip
-    assert failed.returncode != 0
     crashed = Results(out)
     run_id, folder = crashed.attrs["run_id"], Path(f"{out}.ckpt")
     journals = {c: read(folder / f"client{c}.{run_id}.releases") for c in range(3)}
@@ -310,7 +292,10 @@ def test_a_lost_checkpoint_never_starts_a_private_run_again_and_every_release_is
     for f in files:
         f.write_bytes(bytes(len(saved[f])))
     rows = crashed.metrics["epsilon"].copy()
-    refused = mpiexec(3, "-m", "mpicd", "run", str(QUICKSTART), *again, "--resume", "--out", str(out), timeout=400)
+    refused = mpiexec(
+        3, "-m", "mpicd", "run", str(QUICKSTART), *again, f"privacy.key_dir={keys}", "--resume", "--out", str(out),
+        timeout=400,
+    )  # fmt: skip
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert str(files[1]) in refused.stderr and "would send those rounds again" in refused.stderr, refused.stderr[-3000:]
     assert "Traceback" not in refused.stderr
@@ -319,12 +304,22 @@ def test_a_lost_checkpoint_never_starts_a_private_run_again_and_every_release_is
     np.testing.assert_array_equal(after.metrics["epsilon"], rows)
     assert {c: read(folder / f"client{c}.{run_id}.releases") for c in range(3)} == journals
     files[0].write_bytes(saved[files[0]])  # the older checkpoint back; the newest stays zero-filled
-    mpicd_run(3, QUICKSTART, out, *again, "--resume", timeout=400)
+    journal = folder / f"client2.{run_id}.releases"
+    kept = journal.read_bytes()
+    journal.write_bytes(kept + b"not a release\n")  # a journal that does not read: exit 2 naming it, on rank 0
+    broken = mpiexec(
+        3, "-m", "mpicd", "run", str(QUICKSTART), *again, f"privacy.key_dir={keys}", "--resume", "--out", str(out),
+        timeout=400,
+    )  # fmt: skip
+    assert broken.returncode == 2 and f"{journal} does not read as a release journal" in broken.stderr, broken.stderr
+    journal.write_bytes(kept)
+    mpicd_run(3, QUICKSTART, out, *again, f"privacy.key_dir={keys}", "--resume", timeout=400)  # the same keys
     a, b = Results(out), Results(private_run)
     assert list(a.attrs["resumed_at"]) == [2]
     for name in a.metrics:
         if not name.endswith("_seconds"):
             np.testing.assert_array_equal(a.metrics[name], b.metrics[name], err_msg=name)
+    np.testing.assert_array_equal(a.bytes_sent_by_kind, b.bytes_sent_by_kind)
     assert verify(out).ok, verify(out).text()
     assert not folder.exists()  # complete: checkpoints and journals gone, the file holds every release
 
@@ -405,7 +400,8 @@ def test_dpsgd_epsilon_is_its_steps_and_the_budget_stops_its_share(dpsgd_run, tm
         f"privacy.key_dir={keys}", "debug.fail_rank=0", "debug.fail_round=2", "--out", str(out), timeout=400,
     )  # fmt: skip
     assert failed.returncode != 0
-    mpicd_run(2, QUICKSTART, out, "clients=2", "rounds=5", "algorithm=fedavg", *DPSGD, nonce, "--resume", timeout=400)
+    mpicd_run(2, QUICKSTART, out, "clients=2", "rounds=5", "algorithm=fedavg", *DPSGD, nonce, f"privacy.key_dir={keys}",
+              "--resume", timeout=400)  # fmt: skip
     a = Results(out)
     assert list(a.attrs["resumed_at"]) == [2]
     for name in a.metrics:

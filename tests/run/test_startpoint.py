@@ -114,6 +114,21 @@ def test_overwrite_replaces_an_unreadable_file(tmp_path):
     assert start.fresh and start.clear and f"replacing {tmp_path / 'run.h5'} (unreadable)" == start.note
 
 
+def test_overwriting_a_private_run_says_its_releases_stay_out_and_an_older_private_file_is_not_resumed(tmp_path):
+    """--overwrite of a private run: a new run (new id, so a new nonce), and a line that the old run's
+    releases stay out of its epsilon; --resume of a private file without privacy_nonce (an mpicd
+    before nonces draws other noise): refused, naming --overwrite."""
+    private = resolved("privacy={noise_multiplier: 1}")
+    start = decide(found(tmp_path, config=private, nonce=RUN), private, "overwrite")
+    assert start.fresh and start.run_id != RUN
+    assert f"private releases of run {RUN} stay with the peers" in start.note and "epsilon" in start.note, start.note
+    assert "private releases" not in decide(found(tmp_path), resolved(), "overwrite").note
+    for run_id in (RUN, None):  # None: older still, without run ids: not started again either
+        message = refused(found(tmp_path, config=private, run_id=run_id), private, "resume", key="--resume")
+        assert "without run nonces" in message and "--overwrite" in message, message
+    assert decide(found(tmp_path, config=private, nonce=RUN), private, "resume") == Start(False, RUN, bound=7)
+
+
 @pytest.mark.parametrize("completed", [7, 10])
 def test_a_new_run_on_an_existing_file_is_refused_naming_the_run_and_both_options(tmp_path, completed):
     message = refused(found(tmp_path, completed=completed), resolved(), "new")
