@@ -33,7 +33,7 @@ from mpicd.run.faults import FaultInjector
 from mpicd.run.metadata import placement_row, results_attrs
 from mpicd.run.nonfinite import NonFiniteGuard
 from mpicd.run.plan import Plan
-from mpicd.run.resume import agree_on_start, client_state, remove_checkpoints, resume_point
+from mpicd.run.resume import agree_on_start, client_state, lowest_client, remove_checkpoints, resume_point
 from mpicd.run.watchdog import Watchdog
 
 
@@ -207,9 +207,8 @@ def begin_privacy(plan: Plan, clients: list[Client], comm, out: Path, run_id: st
             log_error(f"mpicd: rank {comm.rank}: {err}")
             journal = None
         c.algorithm.ctx.privacy.begin(nonce, journal)
-    none = plan.config.clients
-    first = int(comm.allreduce_min(np.array([min(unread, default=none)], dtype=np.int64), channel="start")[0])
-    if first < none:
+    first = lowest_client(comm, unread)
+    if first is not None:
         raise ConfigError(
             "--resume",
             f"{checkpoint.journal_path(folder, first, run_id)} does not read as a release journal (see its rank's "

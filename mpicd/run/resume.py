@@ -124,11 +124,9 @@ def resume_point(plan: Plan, clients: list[Client], comm, out: Path, decision: s
         agreed = agree_on_checkpoint(comm, folder, decision.run_id, bound, indices)
         if not agreed:
             break
-        states = _load_states(plan, clients, comm, folder, agreed, decision.run_id)
-        torn = [c for c, state in zip(indices, states) if state is None]
-        first = int(comm.allreduce_min(np.array([min(torn, default=plan.config.clients)], dtype=np.int64),
-                                       channel="start")[0])  # fmt: skip
-        if first == plan.config.clients:  # every rank read every one of its clients' files
+        states = _load_states(clients, comm, folder, agreed, decision.run_id)
+        first = lowest_client(comm, [c for c, state in zip(indices, states) if state is None])
+        if first is None:  # every rank read every one of its clients' files
             break
         unreadable = unreadable or checkpoint.path_for(folder, first, agreed, decision.run_id)
         bound = agreed - 1
@@ -153,7 +151,15 @@ def resume_point(plan: Plan, clients: list[Client], comm, out: Path, decision: s
     return agreed
 
 
-def _load_states(plan: Plan, clients: list[Client], comm, folder: Path, agreed: int, run_id: str) -> list:
+def lowest_client(comm, flagged: list[int]) -> int | None:
+    """The lowest client index any rank flags (its own clients' ``flagged``), the same on every rank,
+    or None (collective: one int64 Allreduce on the start channel)."""
+    none = np.iinfo(np.int64).max
+    lowest = int(comm.allreduce_min(np.array([min(flagged, default=none)], dtype=np.int64), channel="start")[0])
+    return None if lowest == none else lowest
+
+
+def _load_states(clients: list[Client], comm, folder: Path, agreed: int, run_id: str) -> list:
     """Each client's state after ``agreed`` rounds (None: it does not read); a file the weights-only
     loader refuses stops the resume on every rank (ConfigError naming the lowest such client's file)."""
     states, refused = [], []
@@ -163,9 +169,8 @@ def _load_states(plan: Plan, clients: list[Client], comm, folder: Path, agreed: 
         except checkpoint.Refused:
             states.append(None)
             refused.append(c.index)
-    none = plan.config.clients  # more than any client index: no file was refused
-    first = int(comm.allreduce_min(np.array([min(refused, default=none)], dtype=np.int64), channel="start")[0])
-    if first < none:  # every rank raises, so none is left in a collective; rank 0 prints it
+    first = lowest_client(comm, refused)
+    if first is not None:  # every rank raises, so none is left in a collective; rank 0 prints it
         raise ConfigError(
             "--resume",
             f"{checkpoint.path_for(folder, first, agreed, run_id)} is not a checkpoint mpicd wrote"
