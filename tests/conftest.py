@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,9 @@ from mpicd.mpi import launch
 
 # the tests' own modules (data fixtures, clusters, shared steps) stand in tests/support/
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+
+# the suite's own site key (mpicd.core.sitekey), in a fresh 0700 folder: the user's stays untouched
+os.environ["MPICD_SITE_KEY"] = str(Path(tempfile.mkdtemp(prefix="mpicd-site-")) / "site.key")
 
 ROOT = Path(__file__).resolve().parents[1]
 DRIVERS = Path(__file__).resolve().parent / "drivers"

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mpicd.core.paths import PathRefused, refuse_link
 from mpicd.run.runner import EXIT_BAD_INPUT
+
+OUTPUTS = ("--plot", "--plot-rounds", "--plot-bytes", "--csv", "--versus-csv")  # every file the report writes
 
 
 def parser() -> argparse.ArgumentParser:
@@ -63,6 +66,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="write the --versus comparison as CSV (one row per compared cell: mean difference, interval, verdict)",
     )
+    p.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="write through a symbolic link at an output path (--csv, --versus-csv, --plot*) to its target; "
+        "without it such a path is refused (exit 2) and nothing is written",
+    )
     return p
 
 
@@ -87,6 +96,14 @@ def main(args: argparse.Namespace) -> int:
     except rep.ReportError as err:
         print(f"mpicd: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    try:  # before any work: a refused path costs nothing and leaves no file
+        for flag in OUTPUTS:
+            path = getattr(args, flag[2:].replace("-", "_"))
+            if path and not args.follow_symlinks:
+                refuse_link(path, flag)
+    except PathRefused as err:
+        print(f"mpicd: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     last = args.last or 1
     try:
         runs, notes = rep.collect(args.files, last, args.select, args.include_incomplete, args.split)
@@ -100,14 +117,23 @@ def main(args: argparse.Namespace) -> int:
         print(f"mpicd: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(text)
-    for path, draw in ((args.plot, rep.plot), (args.plot_rounds, rep.plot_rounds), (args.plot_bytes, rep.plot_bytes)):
-        if path:
-            draw(cells, path)
-            print(f"plot: {path}")
-    if args.csv:
-        rep.write_csv(cells, args.csv)
-        print(f"csv: {args.csv}")
-    if args.versus_csv:
-        rep.write_versus_csv(cells, args.versus, args.versus_csv, metric)
-        print(f"csv: {args.versus_csv}")
+    follow = args.follow_symlinks
+    try:  # a link planted since the check above is refused here, not written through
+        for path, draw in (
+            (args.plot, rep.plot),
+            (args.plot_rounds, rep.plot_rounds),
+            (args.plot_bytes, rep.plot_bytes),
+        ):
+            if path:
+                draw(cells, path, follow=follow)
+                print(f"plot: {path}")
+        if args.csv:
+            rep.write_csv(cells, args.csv, follow=follow)
+            print(f"csv: {args.csv}")
+        if args.versus_csv:
+            rep.write_versus_csv(cells, args.versus, args.versus_csv, metric, follow=follow)
+            print(f"csv: {args.versus_csv}")
+    except PathRefused as err:
+        print(f"mpicd: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return 0

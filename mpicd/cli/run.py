@@ -25,6 +25,12 @@ def parser() -> argparse.ArgumentParser:
         help="replace an existing results file and delete its checkpoints (without this or "
         "--resume, a run whose --out exists is refused)",
     )
+    p.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="--out may be a symbolic link: write its target (and the checkpoints beside the target); without "
+        "this, a link at --out or at its checkpoint folder is refused (exit 2), dangling or not",
+    )
     return p
 
 

@@ -72,6 +72,10 @@ def settings(section, rounds: int) -> Settings:
     )
 
 
+class KeyMismatch(ValueError):
+    """A resume whose ``privacy.key_dir`` is not where the checkpoint's key came from."""
+
+
 class Budget:
     """A client's accountant, budget, secret key and release journal. ``epsilon``: after its last
     granted release (0 before any); ``stopped_at``: the round (from 0) whose release was refused,
@@ -83,8 +87,12 @@ class Budget:
     def __init__(self, settings: Settings, seed: int, client: int):
         self.settings, self.seed, self.client = settings, int(seed), int(client)
         self.key: bytes | None = None
-        if settings.noise == "secret":
-            self.key = secret.new_key() if settings.key_dir is None else secret.site_key(settings.key_dir, client)
+        self.key_from = ""  # where the key came from, in words: for a mismatch on resume
+        if settings.noise == "secret" and settings.key_dir is None:
+            self.key, self.key_from = secret.new_key(), "a fresh key of the run's first job (no privacy.key_dir)"
+        elif settings.noise == "secret":  # read, never made here: a resume takes the checkpoint's (ensure_key)
+            self.key = secret.site_key(settings.key_dir, client, create=False)
+            self.key_from = f"the key file {secret.key_file(settings.key_dir, client)}"
         self.nonce: bytes | None = None
         self.journal: Journal | None = None
         self.accountant = Accountant()
@@ -100,6 +108,11 @@ class Budget:
         (None: releases are not journaled, for callers that send nothing)."""
         self.nonce = secret.nonce_bytes(nonce)
         self.journal = journal
+
+    def ensure_key(self) -> None:
+        """The run starts at round 1: a ``privacy.key_dir`` without this client's key file gets one now."""
+        if self.settings.noise == "secret" and self.key is None:
+            self.key = secret.site_key(self.settings.key_dir, self.client, create=True)
 
     def request(
         self, round_index: int, count: int = 1, q: float | None = None, multiplier: float | None = None
@@ -171,22 +184,28 @@ class Budget:
             "epsilon": self.epsilon,
             "stopped_at": self.stopped_at,
             "key": self.key,
+            "key_from": self.key_from,
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
         """The checkpoint's ledger and key (the draws go on as the interrupted run's would have).
-        ValueError when the key differs from this site's ``privacy.key_dir`` file for the client."""
+        :class:`KeyMismatch` when ``privacy.key_dir`` lacks the client's key file or holds another key
+        than the checkpoint's (``source``: the checkpoint, in words); no key file is made."""
         key = state.get("key")
         if self.settings.noise == "secret":
             if key is None:
                 raise ValueError(f"privacy: the checkpoint of client {self.client} holds no secret key (privacy.noise)")
             key = secret.check_key(key)
             if self.settings.key_dir is not None and key != self.key:
-                raise ValueError(
-                    f"privacy.key_dir: {secret.key_file(self.settings.key_dir, self.client)} is not the key "
-                    f"the checkpoint of client {self.client} was drawn with"
+                drawn = state.get("key_from") or "a key whose source an older mpicd did not record"
+                here = "does not exist, but" if self.key is None else "is not the key"
+                raise KeyMismatch(
+                    f"{secret.key_file(self.settings.key_dir, self.client)} {here} client {self.client}'s {source} "
+                    f"was drawn with ({drawn}): resume with the privacy.key_dir that holds it (the draws go on with "
+                    "the key they began with), or pass --overwrite to start a new run"
                 )
             self.key = key
+            self.key_from = state.get("key_from") or self.key_from
         self.accountant = Accountant([tuple(entry) for entry in state["history"]])
         self.epsilon, self.stopped_at = float(state["epsilon"]), state["stopped_at"]
 

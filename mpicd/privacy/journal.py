@@ -14,19 +14,27 @@ one that left, byte for byte (then it is that release, counted once), or it is r
 (mpicd.run.resume).
 
 The file is the site's, beside the client's checkpoints (mode 0600, created without following a
-link); a line cut short by a crash is the last line, written before anything was sent: it is
+link). Each line carries an HMAC-SHA-256 under the site key (:mod:`mpicd.core.sitekey`) of itself,
+the file's name (client and run) and the line before's MAC: a line altered, added, moved from another
+client's journal, dropped or reordered fails to verify, and the journal does not read (the run stops,
+naming it). A line cut short by a crash is the last line, written before anything was sent: it is
 ignored, and cut off before the next line is appended.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from mpicd.core import sitekey
+
+_TAG = b"mpicd release journal v1"
 
 
 @dataclass(frozen=True)
@@ -68,11 +76,14 @@ def digest(payload) -> str:
 class Journal:
     """The append-only release record of one client of one run at ``path``."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, key: bytes | None = None):
+        """``key``: the site key its lines are MACed under (default :func:`mpicd.core.sitekey.load`)."""
         self.path = Path(path)
+        self.key = sitekey.load() if key is None else key
         self.entries: dict[tuple[int, int], Entry] = {}
+        self._last = b""  # the MAC of the last line: the next one's chains to it
         if self.path.exists():
-            self.entries = read(self.path)
+            self.entries, self._last = _read(self.path, self.key)
             _cut_torn_line(self.path)  # so that the next line starts a line of its own
 
     def __len__(self) -> int:
@@ -84,10 +95,10 @@ class Journal:
     def record(self, entry: Entry) -> None:
         """Append ``entry`` and fsync it (and, on the first line, the folder's new name)."""
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        line = json.dumps(
-            {"round": entry.round, "slot": entry.slot, "q": entry.q, "multiplier": entry.multiplier,
-             "steps": entry.steps, "digest": entry.digest}, sort_keys=True,
-        ) + "\n"  # fmt: skip
+        fields = {"round": entry.round, "slot": entry.slot, "q": entry.q, "multiplier": entry.multiplier,
+                  "steps": entry.steps, "digest": entry.digest}  # fmt: skip
+        mac = _mac(self.key, self.path, self._last, fields)
+        line = json.dumps({**fields, "mac": mac.hex()}, sort_keys=True) + "\n"
         first = not self.path.exists()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
@@ -102,27 +113,43 @@ class Journal:
             finally:
                 os.close(folder)
         self.entries[entry.round, entry.slot] = entry
+        self._last = mac
 
 
-def read(path: str | Path) -> dict[tuple[int, int], Entry]:
+def _mac(key: bytes, path: Path, previous: bytes, fields: dict) -> bytes:
+    return sitekey.mac(key, _TAG, path.name.encode(), previous, json.dumps(fields, sort_keys=True).encode())
+
+
+def read(path: str | Path, key: bytes | None = None) -> dict[tuple[int, int], Entry]:
     """{(round, slot): entry} of a journal file; ValueError naming the file and line when a whole line
-    (one that ends in a newline) is not an entry. A last line without its newline was cut short by a
-    crash before its release was sent: ignored."""
-    path = Path(path)
+    (one that ends in a newline) is not an entry, or its MAC under the site key ``key`` (default
+    :func:`mpicd.core.sitekey.load`) does not verify. A last line without its newline was cut short by
+    a crash before its release was sent: ignored."""
+    return _read(Path(path), sitekey.load() if key is None else key)[0]
+
+
+def _read(path: Path, key: bytes) -> tuple[dict[tuple[int, int], Entry], bytes]:
+    """The entries and the last line's MAC."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as fh:
         text = fh.read().decode("utf-8", errors="replace")
     entries: dict[tuple[int, int], Entry] = {}
-    lines = text.split("\n")
+    lines, last = text.split("\n"), b""
     for number, line in enumerate(lines[:-1], 1):  # the last piece has no newline: torn or empty
         try:
             raw = json.loads(line)
+            mac = bytes.fromhex(raw.pop("mac"))
             entry = Entry(int(raw["round"]), int(raw["slot"]), float(raw["q"]), float(raw["multiplier"]),
                           int(raw["steps"]), str(raw["digest"]))  # fmt: skip
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise ValueError(f"{path}: line {number} is not a release entry: {line[:80]!r}") from None
-        entries[entry.round, entry.slot] = entry
-    return entries
+        if not hmac.compare_digest(mac, _mac(key, path, last, raw)):
+            raise ValueError(
+                f"{path}: line {number}'s MAC does not verify under the site key {sitekey.location()}: the journal "
+                "was altered (a line changed, added, dropped, reordered or copied from another client's)"
+            )
+        entries[entry.round, entry.slot], last = entry, mac
+    return entries, last
 
 
 def _cut_torn_line(path: Path) -> None:

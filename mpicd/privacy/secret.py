@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from mpicd.core import exclusive
+from mpicd.core.paths import check_owned, PathRefused, private_folder, refuse_link
 
 KEY_BYTES = 32
 NONCE_BYTES = 8
@@ -114,34 +115,57 @@ def key_file(key_dir, client: int) -> Path:
     return Path(key_dir) / f"client-{int(client)}.key"
 
 
-def site_key(key_dir, client: int) -> bytes:
-    """Client ``client``'s key in ``key_dir`` (``privacy.key_dir``), made now if the file is absent.
+def site_key(key_dir, client: int, create: bool = True) -> bytes | None:
+    """Client ``client``'s key in ``key_dir`` (``privacy.key_dir``), made now if the file is absent and
+    ``create`` (else None: a resume makes no key, it takes the checkpoint's).
 
-    The folder is made mode 0700 if absent; the key file, 64 hex digits, is created with O_EXCL |
-    O_NOFOLLOW, mode 0600, and is read only if it is a regular file, not a link, that nobody but its
-    owner can read or write (else ValueError naming it: a key others could read protects nothing).
-    """
+    The folder must not be a link, must belong to the running user (or root) and be writable by nobody
+    else; made mode 0700 if absent. The key file, 64 hex digits, is created with O_EXCL | O_NOFOLLOW,
+    mode 0600, and is read (through the folder opened without following a link) only if it is a
+    regular file, the user's or root's, that nobody else can read or write. Otherwise PathRefused (a
+    ValueError) naming the path (and its owner): a key another user planted, or can read, is a key they
+    know (:mod:`mpicd.core.paths`)."""
     folder = Path(key_dir)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    refuse_link(folder, "privacy.key_dir", flag=None)
+    if not folder.exists():
+        if not create:
+            return None
+        private_folder(folder, "privacy.key_dir")
     path = key_file(folder, client)
     try:
-        with exclusive.open_new(path, 0o600) as fh:
-            fh.write(new_key().hex().encode() + b"\n")
-    except FileExistsError:
-        pass
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as err:
-        raise ValueError(f"privacy.key_dir: {path} cannot be read as a key file ({err.strerror})") from None
+        raise PathRefused(folder, f"privacy.key_dir cannot be opened as a folder ({err.strerror})") from None
+    try:
+        check_owned(os.fstat(dir_fd), folder, "privacy.key_dir")
+        if create:
+            try:
+                fd = os.open(path.name, exclusive.FLAGS, 0o600, dir_fd=dir_fd)
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(new_key().hex().encode() + b"\n")
+            except FileExistsError:
+                pass
+        try:
+            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except FileNotFoundError:
+            if not create:
+                return None
+            raise
+        except OSError as err:
+            raise PathRefused(path, f"privacy.key_dir: cannot be read as a key file ({err.strerror})") from None
+    finally:
+        os.close(dir_fd)
     with os.fdopen(fd, "rb") as fh:
         info = os.fstat(fh.fileno())
         if not stat.S_ISREG(info.st_mode) or info.st_mode & 0o077:
-            raise ValueError(
-                f"privacy.key_dir: {path} must be a regular file only its owner can access (mode 0600), "
-                f"is {stat.filemode(info.st_mode)}"
+            raise PathRefused(
+                path,
+                "privacy.key_dir: a key file must be a regular file only its owner can access (mode 0600), "
+                f"is {stat.filemode(info.st_mode)}",
             )
+        check_owned(info, path, "privacy.key_dir's key file", private=True)
         text = fh.read(4 * KEY_BYTES).strip()
     try:
         return check_key(bytes.fromhex(text.decode("ascii")))
     except (ValueError, UnicodeDecodeError):
-        raise ValueError(f"privacy.key_dir: {path} does not hold a key ({2 * KEY_BYTES} hex digits)") from None
+        raise PathRefused(path, f"privacy.key_dir: does not hold a key ({2 * KEY_BYTES} hex digits)") from None

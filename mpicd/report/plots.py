@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mpicd.report.export import write_replacing
 from mpicd.report.runs import _order, Cell, fmt, RunSummary
 from mpicd.report.stats import _sd
 from mpicd.report.tables import Setting, settings
@@ -38,13 +39,20 @@ def _band(ax, x, mean: np.ndarray, sd: np.ndarray, label: str) -> None:
     ax.fill_between(x, mean - sd, mean + sd, color=line.get_color(), alpha=0.2)
 
 
-def _save(fig, plt, path: str | Path) -> None:
+def _save(fig, plt, path: str | Path, follow: bool) -> None:
+    """The figure in the format its path's suffix names (matplotlib's default without one), written
+    by :func:`write_replacing`: never through a link at ``path`` unless ``follow``."""
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    kind = Path(path).suffix[1:] or None
+    try:
+        write_replacing(path, lambda fh: fig.savefig(fh, format=kind, dpi=120), follow, "the plot file")
+    finally:
+        plt.close(fig)
 
 
-def plot(cells: dict[Cell, list[RunSummary]], path: str | Path, metric: str = "minority_acc") -> None:
+def plot(
+    cells: dict[Cell, list[RunSummary]], path: str | Path, metric: str = "minority_acc", *, follow: bool = False
+) -> None:
     """Metric against skew, one line per method with a ±sd band over seeds, one panel per setting."""
     plt = _pyplot()
     blocks = settings(cells)
@@ -57,10 +65,12 @@ def plot(cells: dict[Cell, list[RunSummary]], path: str | Path, metric: str = "m
             _band(ax, skews, mean, sd, label)
         ax.set_xlabel("skew")
         ax.legend(fontsize="small")
-    _save(fig, plt, path)
+    _save(fig, plt, path, follow)
 
 
-def plot_rounds(cells: dict[Cell, list[RunSummary]], path: str | Path, metric: str = "minority_acc") -> None:
+def plot_rounds(
+    cells: dict[Cell, list[RunSummary]], path: str | Path, metric: str = "minority_acc", *, follow: bool = False
+) -> None:
     """Metric against round, one line per method and skew (mean over seeds, ±sd band), one panel per setting."""
     plt = _pyplot()
     blocks = settings(cells)
@@ -80,10 +90,10 @@ def plot_rounds(cells: dict[Cell, list[RunSummary]], path: str | Path, metric: s
                 _band(ax, x, mean, sd, f"{label}, s={fmt(s)}")
         ax.set_xlabel("round")
         ax.legend(fontsize="small")
-    _save(fig, plt, path)
+    _save(fig, plt, path, follow)
 
 
-def plot_bytes(cells: dict[Cell, list[RunSummary]], path: str | Path) -> None:
+def plot_bytes(cells: dict[Cell, list[RunSummary]], path: str | Path, *, follow: bool = False) -> None:
     """Bytes per round per rank (sent + received over 2) of each method, log scale, one panel per setting."""
     plt = _pyplot()
     blocks = settings(cells)
@@ -101,4 +111,4 @@ def plot_bytes(cells: dict[Cell, list[RunSummary]], path: str | Path) -> None:
             ax.set_yscale("log")
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
         ax.set_xlim(-0.6, len(labels) - 0.4)
-    _save(fig, plt, path)
+    _save(fig, plt, path, follow)

@@ -32,9 +32,16 @@ Checked, from the file alone:
 * privacy: ``/metrics/epsilon`` recomputed, per client and round, from the releases the file records
   (``/metrics/privacy_q``, ``privacy_multiplier``, ``privacy_steps``) with the accountant (dp-accounting's
   PLD, mpicd.privacy.accountant): a file
-  whose epsilon is below it (by more than 1e-9 relative) fails; a client's training metrics, which
-  stay on its rank with privacy (attr ``train_metrics``), are NaN; a run that repeats another's noise
-  (``privacy.nonce``) is noted.
+  whose epsilon is below it (by more than 1e-9 relative) fails; those releases are the mechanism's
+  (1e-12 relative): each one's multiplier, q and steps are the attrs' (``privacy_release_multiplier``,
+  a numeric ``privacy_sample_rate``, one step), DP-SGD's (multiplier sigma, q = 1 / ceil(n /
+  train.batch_size) for the client's n images of ``/partition/train_counts``, train.local_epochs x
+  int(1 / q) steps) or, in the last round, CCVR's statistics (``privacy_moments_multiplier``,
+  privacy.sample_rate, one step); a client that sent bytes in a round (``/comm/bytes_sent``) with a
+  release recorded there unless its budget stopped it (``privacy_stopped``), its update was skipped or
+  it sat the round out (what it sends then is zeros or post-processing); a client's training metrics,
+  which stay on its rank with privacy (attr ``train_metrics``), are NaN; a run that repeats another's
+  noise (``privacy.nonce``) is noted.
 """
 
 from __future__ import annotations
@@ -110,6 +117,7 @@ def verify(path: str | Path) -> Verdict:
         verdict.problems.append(f"completed_rounds is {done}, more than the run's {rounds} rounds")
     _metrics(verdict, res, config, rounds, done)
     _epsilon(verdict, res, attrs, done)
+    _releases(verdict, res, attrs, config, done, rounds)
     _past_the_end(verdict, path, done)
     _bytes(verdict, res, config, attrs, clients, done, rounds)
     _mpi_bytes(verdict, res.path, config, attrs, done, rounds)
@@ -225,6 +233,104 @@ def _epsilon(verdict: Verdict, res, attrs: dict, done: int) -> None:
             f"/metrics/epsilon is below what its recorded releases compose to in {len(low)} (round, client) cells, "
             f"first round {r + 1}, client {c}: {claimed:.6g} claimed, {recomputed:.6g} recomputed"
         )
+
+
+def _releases(verdict: Verdict, res, attrs: dict, config: dict, done: int, rounds: int) -> None:
+    """The releases the file records against the mechanism's (:func:`_made`), and each client's sent
+    bytes against them: :func:`_epsilon` composes what is recorded, so a release recorded cheaper than
+    the one made (a resumed job's forged state), or a payload sent with none recorded, lowers the
+    epsilon it checks against. Not checked where nothing private is sent: a client that sat the round
+    out, whose update was dropped (``on_nonfinite: skip``: zeros, or nothing) or whose budget stopped it
+    (``privacy_stopped``: zeros, FedAMP's frozen model: post-processing of releases already counted)."""
+    needed = ("privacy_q", "privacy_multiplier", "privacy_steps")
+    if "privacy_delta" not in attrs or not all(name in res.metrics for name in needed):
+        return  # privacy off, or a file older than its recorded releases (noted by _epsilon)
+    made, missing = _made(res, attrs, config, rounds)
+    if made is None:
+        verdict.notes.append(f"no {missing} (an older mpicd): releases not checked against the mechanism")
+        return
+    q, multiplier, steps = (res.metrics[name][:done] for name in needed)
+    wrong = []
+    for r, c, s in zip(*np.nonzero(steps > 0)):  # round-major: the first is the earliest round's
+        got = (float(q[r, c, s]), float(multiplier[r, c, s]), int(steps[r, c, s]))
+        mechanism = made(int(r), int(c))
+        if all(_differ(got, want) for want in mechanism):  # named against the nearest of them
+            nearest = min(mechanism, key=lambda want: len(_differ(got, want)), default=None)
+            wrong.append((int(r), int(c), int(s), got, nearest))
+    if wrong:
+        r, c, s, got, want = wrong[0]
+        verdict.problems.append(
+            f"/metrics/privacy_q, privacy_multiplier and privacy_steps record releases the run's mechanism does not "
+            f"make in {len(wrong)} (round, client, slot) cells, first round {r + 1}, client {c}, slot {s}: "
+            + ", ".join(_differ(got, want))
+        )
+    sent = res.bytes_sent_by_kind[:done].sum(axis=2) if res.bytes_sent_by_kind.size else res.metrics.get("bytes_sent")
+    if sent is None:
+        return
+    private = sent > 0
+    for name in ("skipped", "privacy_stopped"):
+        if name in res.metrics:
+            private &= res.metrics[name][:done] == 0
+    if "participated" in res.metrics:
+        private &= res.metrics["participated"][:done] != 0
+    unrecorded = np.argwhere(private & (steps.sum(axis=2) == 0))
+    if len(unrecorded):
+        r, c = map(int, unrecorded[0])
+        verdict.problems.append(
+            f"private payloads sent with no release recorded in {len(unrecorded)} (round, client) cells, first "
+            f"round {r + 1}, client {c}: {int(sent[r, c])} bytes sent, 0 releases (/metrics/privacy_steps), "
+            "neither stopped by its budget nor skipped nor sitting out"
+        )
+
+
+def _made(res, attrs: dict, config: dict, rounds: int):
+    """(f, "") with f(round, client) the releases the run's mechanism makes there, (whose, q, multiplier,
+    steps) each, from the attrs of mpicd.run.metadata and the stored config; (None, what is missing)
+    without them. They are those of every caller of Budget.request: DP-SGD's local epochs
+    (mpicd.run.client; FedAvg, FedAMP, CCVR, whose attr privacy_sample_rate is a text: q = 1 / ceil(n /
+    train.batch_size) for the client's n images, train.local_epochs x Opacus' int(1 / q) steps, multiplier
+    sigma); else one release at privacy_sample_rate and privacy_release_multiplier (FedProto, FedDistill,
+    co-distillation); and, in the run's last round, CCVR's statistics (attr privacy_moments_multiplier,
+    one release at privacy.sample_rate)."""
+    from mpicd.algorithms import REGISTRY
+
+    if "privacy_release_multiplier" not in attrs:
+        return None, "attr privacy_release_multiplier"
+    sigma, rate = float(attrs["privacy_release_multiplier"]), attrs.get("privacy_sample_rate")
+    if isinstance(rate, (str, bytes)):  # DP-SGD: q and steps from the client's training-set size
+        train = config.get("train") or {}
+        batch, epochs = int(train.get("batch_size", 0) or 0), int(train.get("local_epochs", 1) or 1)
+        counts = res.partition.get("train_counts")
+        if not batch or counts is None:
+            return None, "/partition/train_counts or train.batch_size (DP-SGD's q and steps)"
+        cls = REGISTRY.get(str(attrs.get("algorithm")))
+        n = counts.sum(axis=1) if not (cls is not None and cls.trains_on_union) else np.full(len(counts), counts.sum())
+        own = [1 / -(-int(size) // batch) for size in n]  # 1 / len(DataLoader(n, batch)), as dpsgd.schedule
+        per_client = {c: [("DP-SGD", q, sigma, epochs * int(1 / q))] for c, q in enumerate(own)}
+    else:
+        per_client = {c: [("its release", float(rate), sigma, 1)] for c in range(int(attrs.get("clients", 0)))}
+    last = []
+    if "privacy_moments_multiplier" in attrs:
+        q = float((config.get("privacy") or {}).get("sample_rate", 1.0))
+        last = [("CCVR's statistics", q, float(attrs["privacy_moments_multiplier"]), 1)]
+    return (lambda r, c: per_client.get(c, []) + (last if r == rounds - 1 else [])), ""
+
+
+def _close(a: float, b: float) -> bool:
+    """The file's q and multipliers are written from the mechanism's own floats: equal but for rounding."""
+    return bool(np.isclose(a, b, rtol=1e-12, atol=0.0))
+
+
+def _differ(got: tuple, want: tuple | None) -> list[str]:
+    """What a recorded (q, multiplier, steps) has other than the release ``want`` (whose, q, multiplier, steps)."""
+    if want is None:
+        return [f"q {got[0]:.12g}, multiplier {got[1]:.12g}, steps {got[2]} recorded, no release made there"]
+    fields = (("multiplier", got[1], want[2]), ("q", got[0], want[1]), ("steps", got[2], want[3]))
+    return [
+        f"{name} {a:.12g} recorded, {b:.12g} made ({want[0]})"
+        for name, a, b in fields
+        if not (a == b if name == "steps" else _close(a, b))
+    ]
 
 
 def _scores_generic(algorithm) -> bool:

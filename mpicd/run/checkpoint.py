@@ -9,19 +9,24 @@ every rank holds always survives; so does the newest at or before the rounds the
 holds (its rows are flushed every few rounds), where a resume after a crash starts. Another run's checkpoints in the same
 folder (a results file deleted and made again, say) are never loaded and never count towards this run's two.
 
-A checkpoint is read back, so it must not be able to run code: it holds tensors and plain types only
-(numpy arrays become tensors tagged with :data:`NDARRAY`), is loaded with ``weights_only=True``, and a
-file that opens but that loader refuses (a planted pickle) stops the resume with :class:`Refused`
-naming it, instead of being skipped as a torn write is. The temporary file of a write has an
-unpredictable name and is created exclusively, never through a link (:mod:`mpicd.core.exclusive`).
+A checkpoint is read back, so it must prove that mpicd wrote it, here, for this client, round and
+run: the file is :data:`MAGIC`, an HMAC-SHA-256 under the site key (:mod:`mpicd.core.sitekey`, kept
+outside every run folder, never sent) of the rest and of that place, then torch.save's bytes. The MAC
+is checked before a byte of the rest is parsed; a file that fails it is refused by name
+(:class:`Refused`), nothing in it used: its weights, its privacy ledger and its secret key are only
+as good as whoever could write the folder. What passes is still loaded with ``weights_only=True``
+(tensors and plain types only: numpy arrays become tensors tagged with :data:`NDARRAY`). The folder
+is made mode 0700 and an existing one must be the user's and writable by nobody else
+(:func:`mpicd.core.paths.private_folder`). The temporary file of a write has an unpredictable name
+and is created exclusively, never through a link (:mod:`mpicd.core.exclusive`).
 """
 
 from __future__ import annotations
 
 import errno
+import hmac
 import io
 import os
-import pickle
 import pickletools
 import re
 import shutil
@@ -32,9 +37,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mpicd.core import exclusive
+from mpicd.core import exclusive, sitekey
+from mpicd.core.paths import private_folder
 
 KEEP = 2
+MAGIC = b"MPICDCK1"  # then the MAC (32 bytes), the length of the rest (8, big-endian), torch.save's bytes
+_MAC_TAG = b"mpicd checkpoint v1"
 _NAME = re.compile(r"^rank(\d+)\.round(\d+)(?:\.([0-9a-f]{16}))?\.pt$")  # no id: made before run ids
 _TEMPORARY = re.compile(r"^\.rank\d+\.round\d+.*\.tmp$")
 _JOURNAL = re.compile(r"^client\d+\.[0-9a-f]{16}\.releases$")  # mpicd.privacy.journal, one per client and run
@@ -131,20 +139,33 @@ def available(folder: Path, rank: int, run_id: str) -> list[int]:
 
 
 def save(
-    folder: Path, rank: int, completed: int, state: dict, run_id: str, during=lambda: None, claimed: int | None = None
+    folder: Path,
+    rank: int,
+    completed: int,
+    state: dict,
+    run_id: str,
+    during=lambda: None,
+    claimed: int | None = None,
+    key: bytes | None = None,
 ) -> Path:
     """Atomically write this rank's state after ``completed`` rounds; drop all but this run's
     newest KEEP and, with ``claimed`` (the rounds the results file holds: its rows are flushed
     every few rounds, mpicd.results.writer.flush_interval), the newest at or before it, the one a
     resume after a crash starts from. A failed write (a full disk) removes its temporary file and leaves the older
     checkpoints as they were. ``during``: called with the temporary file written but not yet
-    renamed (fault injection: ``debug.fail_at: in_checkpoint``)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    renamed (fault injection: ``debug.fail_at: in_checkpoint``). ``key``: the site key the file is
+    MACed under (default: :func:`mpicd.core.sitekey.load`)."""
+    key = sitekey.load() if key is None else key
+    private_folder(folder, "the checkpoint folder")
     final = path_for(folder, rank, completed, run_id)
     tmp = exclusive.name(folder, f".{final.name}.{os.getpid()}.", ".tmp")
     try:
         with exclusive.open_new(tmp, 0o600) as fh:
-            torch.save(plain({**state, "run_id": run_id}), fh)
+            body = io.BytesIO()
+            torch.save(plain({**state, "run_id": run_id}), body)
+            body = body.getbuffer()
+            fh.write(MAGIC + _mac(key, rank, completed, run_id, body) + len(body).to_bytes(8, "big"))
+            fh.write(body)
             fh.flush()
             during()
             os.fsync(fh.fileno())
@@ -219,24 +240,50 @@ def _is_pickle(path: Path) -> bool:
     return False
 
 
-def load(folder: Path, rank: int, completed: int, run_id: str, device: torch.device) -> dict | None:
-    """The state of run ``run_id`` saved after ``completed`` rounds, or None if it is absent,
-    torn (a zip that does not open: a killed write; or bytes that are no pickle), or names another
-    run inside; :class:`Refused` if it opens (a zip, or a pickle) but holds more than tensors and
-    plain types: nothing in it is run, the weights-only loader stops at the first global it does not
-    allow. The run id is checked before anything else in the state is used."""
+def _mac(key: bytes, client: int, completed: int, run_id: str, body) -> bytes:
+    """The MAC of a checkpoint: of its bytes and of where it belongs (client, rounds, run), so that no
+    file passes for another client's, another round's or another run's."""
+    return sitekey.mac(key, _MAC_TAG, f"{int(client)} {int(completed)} {run_id}".encode(), bytes(body))
+
+
+def load(
+    folder: Path, rank: int, completed: int, run_id: str, device: torch.device, key: bytes | None = None
+) -> dict | None:
+    """The state of run ``run_id`` saved after ``completed`` rounds, or None if it is absent or torn
+    (bytes that are no checkpoint, no zip and no pickle: zeros after a crash); :class:`Refused`
+    naming it when anything else is there: a file whose MAC does not verify under the site key
+    ``key`` (default :func:`mpicd.core.sitekey.load`) -- forged, altered, or written under another
+    site key -- is refused before a byte of it is parsed; a zip or a pickle without the MAC is
+    not one mpicd wrote. What the MAC covers is still loaded with the weights-only loader."""
     path = path_for(folder, rank, completed, run_id)
+    key = sitekey.load() if key is None else key
     try:
-        state = torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as err:  # weights_only's refusal: a global or an opcode it does not allow
-        if not (zipfile.is_zipfile(path) or _is_pickle(path)):
-            return None  # not a zip that opens, nor a pickle: garbage where a checkpoint was (zeros after a crash)
-        found = re.search(r"GLOBAL (\S+?)\.? |Unsupported operand \d+", str(err))
-        detail = (f"global {found.group(1)}" if found.group(1) else found.group(0)) if found else "an unpicklable file"
-        raise Refused(path, f"not a checkpoint mpicd wrote: the weights-only loader refused it ({detail})") from None
-    except Exception:  # noqa: BLE001 - a torn file (a killed write) is ignored, never trusted
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
         return None
-    if not isinstance(state, dict) or state.get("run_id") != run_id:  # before anything else in it is used
+    except OSError as err:  # a link planted there (ELOOP), a folder: not a checkpoint mpicd wrote
+        raise Refused(path, f"cannot be opened as a checkpoint ({err.strerror or err})") from None
+    with os.fdopen(fd, "rb") as fh:
+        data = memoryview(fh.read())
+    head = len(MAGIC) + 32 + 8
+    if bytes(data[: len(MAGIC)]) != MAGIC:
+        if zipfile.is_zipfile(path) or _is_pickle(path):
+            raise Refused(path, "not a checkpoint mpicd wrote: a torch or pickle file without mpicd's MAC")
+        return None  # not a zip that opens, nor a pickle: garbage where a checkpoint was (zeros after a crash)
+    if len(data) < head or len(data) < head + int.from_bytes(data[head - 8 : head], "big"):
+        return None  # cut short (a crash): torn, ignored; never used, whoever cut it
+    if not hmac.compare_digest(bytes(data[len(MAGIC) : head - 8]), _mac(key, rank, completed, run_id, data[head:])):
+        raise Refused(
+            path,
+            f"its MAC does not verify under the site key {sitekey.location()}: it was altered, forged, or written "
+            "under another site key (another user's, or another node's where the key is not shared); nothing "
+            "in it was used",
+        )
+    try:
+        state = torch.load(io.BytesIO(data[head:]), map_location=device, weights_only=True)
+    except Exception as err:  # noqa: BLE001 - MACed by this site yet refused: say so, never use it
+        raise Refused(path, f"its MAC verifies but the weights-only loader refused it ({err})") from None
+    if not isinstance(state, dict) or state.get("run_id") != run_id:  # the MAC binds it; checked all the same
         return None
     return unplain(state)
 

@@ -10,6 +10,7 @@ back: mpicd.run.resume; what the results file records besides the rounds: mpicd.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -33,7 +34,15 @@ from mpicd.run.faults import FaultInjector
 from mpicd.run.metadata import placement_row, results_attrs
 from mpicd.run.nonfinite import NonFiniteGuard
 from mpicd.run.plan import Plan
-from mpicd.run.resume import agree_on_start, client_state, lowest_client, remove_checkpoints, resume_point
+from mpicd.run.resume import (
+    agree_on_start,
+    check_key_dir,
+    client_state,
+    lowest_client,
+    remove_checkpoints,
+    resume_point,
+    site_key,
+)
 from mpicd.run.watchdog import Watchdog
 
 
@@ -105,6 +114,7 @@ def run_rounds(
     startup: dict | None = None,
     overwrite: bool = False,
     again: str = "",
+    follow_symlinks: bool = False,
 ) -> Outcome:
     """Train the config's rounds on this rank and write the results file collectively.
 
@@ -113,13 +123,17 @@ def run_rounds(
     ``startup``: rank 0's seconds per start-up phase (recorded as the attr ``startup_seconds``).
     ``again``: the command that resumes a stopped run, as the caller knows it (``mpicd run``'s with
     --resume, ``mpicd pack``'s as it was), for the stop line; only the caller knows what was typed.
+    ``follow_symlinks``: ``out`` may be a link (the user's word, ``--follow-symlinks``): its target is
+    the results file, and the checkpoints go beside the target; otherwise a link there is refused.
     """
     from mpicd.results.writer import ResultsWriter
 
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other")
-    cfg, out = plan.config, Path(out)
+    cfg, out = plan.config, Path(os.path.realpath(out) if follow_symlinks else out)
     refuse_with_several_per_rank(plan, comm.size)
+    key = site_key(comm)  # before anything at --out is touched: a refused key deletes nothing
+    check_key_dir(plan, comm)
     decision = agree_on_start(
         comm, out, plan.resolved_config, "resume" if resume else "overwrite" if overwrite else "new"
     )
@@ -135,7 +149,10 @@ def run_rounds(
     shared: dict = {}
     clients = [Client(plan, comm, placement.device, c, assignment.owner, shared) for c in assignment.mine]
     nonce = begin_privacy(plan, clients, comm, out, decision.run_id)
-    start = 0 if decision.fresh else resume_point(plan, clients, comm, out, decision)
+    start = 0 if decision.fresh else resume_point(plan, clients, comm, out, decision, key)
+    if start == 0 and plan.privacy is not None:  # round 1: a key folder without a client's key gets it now
+        for c in clients:
+            c.algorithm.ctx.privacy.ensure_key()
     if resume and not decision.fresh and comm.rank == 0:
         log(
             f"mpicd: resuming at round {start + 1} from {checkpoint.folder_for(out)} (run {decision.run_id})"
@@ -177,7 +194,7 @@ def run_rounds(
     comm.declare(payload_channel(plan.algorithm_cls, plan.algorithm_params))
     try:
         outcome = _rounds(
-            plan, clients, comm, writer, out, start, log, stop_requested, watchdog, fault, guards, decision.run_id
+            plan, clients, comm, writer, out, start, log, stop_requested, watchdog, fault, guards, decision.run_id, key
         )
     finally:
         watchdog.stop()
@@ -282,6 +299,7 @@ def _rounds(
     fault: FaultInjector,
     guards: dict[int, NonFiniteGuard],
     run_id: str,
+    key: bytes,
 ) -> Outcome:
     from mpicd.results.columns import RoundRow
     from mpicd.results.writer import flush_interval
@@ -406,6 +424,7 @@ def _rounds(
                     run_id,
                     during=lambda: fault.at("in_checkpoint"),
                     claimed=writer.claimed,
+                    key=key,
                 )
         if stop:
             writer.close(outside=_outside(clients, ledger))

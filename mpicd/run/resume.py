@@ -4,11 +4,17 @@ checkpoints removed when a run ends."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from mpicd.core import sitekey
+from mpicd.privacy import secret
+from mpicd.privacy.budget import KeyMismatch
+from mpicd.core.paths import check_owned, PathRefused, refuse_link
 from mpicd.config.identity import RUN_ID_CHARS
 from mpicd.config.sections import config_difference, ConfigError
 from mpicd.mpi.comm import Traffic
@@ -42,8 +48,7 @@ def restore_client(client: Client, ledger, state: dict) -> None:
     torch.set_rng_state(state["torch_rng"].cpu())
     if state["cuda_rng"] is not None:
         torch.cuda.set_rng_state_all(state["cuda_rng"])
-    if client.algorithm.ctx.privacy is not None:  # the accountant's history: epsilon goes on from there
-        client.algorithm.ctx.privacy.load_state_dict(state["privacy"])
+    # the privacy ledger and key were restored first (_restore_keys): epsilon goes on from there
     sent, recv, seconds = state["outside_rounds"]
     previous = Traffic(dict(sent), dict(recv), seconds)
     for kind in previous.bytes_sent:  # this job's start-up traffic adds to the earlier jobs'
@@ -77,16 +82,21 @@ def agree_on_checkpoint(comm, folder: Path, run_id: str, bound: int, clients: li
 
 def agree_on_start(comm, out: Path, resolved: dict, mode: str) -> startpoint.Start:
     """Rank 0 applies :func:`mpicd.run.startpoint.decide` to what lies at ``out`` (and, for
-    ``--overwrite``, deletes it); every rank gets the same decision, or the same ConfigError."""
+    ``--overwrite``, deletes it); every rank gets the same decision, or the same ConfigError. First,
+    neither ``out`` nor its checkpoint folder may be a link (the caller resolves ``out`` when the user
+    said ``--follow-symlinks``), and the folder, if there, must be the user's and closed to others."""
     decision, error = None, None
     if comm.rank == 0:
         try:
+            refuse_links(out)
             decision = startpoint.decide(startpoint.inspect(out), resolved, mode)
             if decision.clear:
                 out.unlink(missing_ok=True)
                 checkpoint.remove_all(checkpoint.folder_for(out))
         except ConfigError as err:
             error = err
+        except PathRefused as err:
+            error = ConfigError("--out", str(err))
         except OSError as err:
             error = ConfigError("--out", f"cannot replace {out}: {err.strerror or err}")
     failing = comm.first_failing_rank(error is not None)
@@ -103,7 +113,61 @@ def agree_on_start(comm, out: Path, resolved: dict, mode: str) -> startpoint.Sta
     return startpoint.Start(bool(flags[0]), run_id, bool(flags[1]), int(flags[2]), bool(flags[3]))
 
 
-def resume_point(plan: Plan, clients: list[Client], comm, out: Path, decision: startpoint.Start) -> int:
+def refuse_links(out: Path) -> None:
+    """PathRefused when ``out`` or ``<out>.ckpt`` is a link (dangling or not), or the checkpoint folder
+    is another user's or open to others' writes (mpicd.core.paths): nothing is read or written there."""
+    refuse_link(out, "--out")
+    folder = checkpoint.folder_for(out)
+    refuse_link(folder, "the checkpoint folder of --out")
+    if folder.exists():
+        check_owned(os.lstat(folder), folder, "the checkpoint folder of --out")
+
+
+def site_key(comm) -> bytes:
+    """This rank's site key (mpicd.core.sitekey), read from its own file system, never sent; one that
+    does not read on any rank stops the run on every rank (ConfigError, exit 2; the rank says why)."""
+    key, error = None, None
+    try:
+        key = sitekey.load()
+    except PathRefused as err:
+        error = ConfigError("site key", str(err))
+    raise_agreed(comm, error)
+    return key
+
+
+def raise_agreed(comm, error: ConfigError | None) -> None:
+    """Collective: when any rank holds an ``error``, the lowest such rank prints it (the rank that knows
+    why: one line) and every rank raises a ConfigError marked ``told`` (the caller prints nothing more)."""
+    failing = comm.first_failing_rank(error is not None)
+    if failing is None:
+        return
+    if comm.rank == failing:
+        sys.stderr.write(f"mpicd: {error}\n")
+        sys.stderr.flush()
+    raised = error or ConfigError("", f"rank {failing} refused (see its message)")
+    raised.told = True
+    raise raised
+
+
+def check_key_dir(plan: Plan, comm) -> None:
+    """Every client's key file in ``privacy.key_dir`` that is there, and the folder, checked on every
+    rank's file system before anything else happens (mpicd.privacy.secret.site_key, making nothing): a
+    folder or key another user owns or can write, a link, a key others can read: ConfigError on every
+    rank naming it (collective)."""
+    if plan.privacy is None or plan.privacy.key_dir is None or not plan.privacy.private:
+        return
+    error = None
+    try:
+        for c in range(plan.config.clients):
+            secret.site_key(plan.privacy.key_dir, c, create=False)
+    except PathRefused as err:
+        error = ConfigError("privacy.key_dir", str(err))
+    raise_agreed(comm, error)
+
+
+def resume_point(
+    plan: Plan, clients: list[Client], comm, out: Path, decision: startpoint.Start, key: bytes | None = None
+) -> int:
     """Load the newest checkpoint of this run that all ranks share and read whole, at or before
     the file's completed rounds (collective); returns the first round to run. A checkpoint that
     does not read (torn, zero-filled) on any rank sends every rank back to the next older one; this
@@ -124,7 +188,7 @@ def resume_point(plan: Plan, clients: list[Client], comm, out: Path, decision: s
         agreed = agree_on_checkpoint(comm, folder, decision.run_id, bound, indices)
         if not agreed:
             break
-        states = _load_states(clients, comm, folder, agreed, decision.run_id)
+        states = _load_states(clients, comm, folder, agreed, decision.run_id, key)
         first = lowest_client(comm, [c for c, state in zip(indices, states) if state is None])
         if first is None:  # every rank read every one of its clients' files
             break
@@ -146,9 +210,25 @@ def resume_point(plan: Plan, clients: list[Client], comm, out: Path, decision: s
             f"{difference or 'on another rank'}; use another output file or "
             f"restore the config",
         )
+    _restore_keys(clients, comm, states, [checkpoint.path_for(folder, c, agreed, decision.run_id) for c in indices])
     for c, client_state in zip(clients, states):
         restore_client(c, comm.ledger, client_state)
     return agreed
+
+
+def _restore_keys(clients: list[Client], comm, states: list[dict], paths: list[Path]) -> None:
+    """Each private client's ledger and key from its checkpoint, before anything else is restored; a
+    ``privacy.key_dir`` that is not where a checkpoint's key came from stops the run on every rank
+    (ConfigError naming both, exit 2; no key file is made)."""
+    mismatch = None
+    for c, state, path in zip(clients, states, paths):
+        if c.algorithm.ctx.privacy is None:
+            continue
+        try:
+            c.algorithm.ctx.privacy.load_state_dict(state["privacy"], source=f"checkpoint {path}")
+        except KeyMismatch as err:
+            mismatch = mismatch or err
+    raise_agreed(comm, mismatch and ConfigError("privacy.key_dir", str(mismatch)))
 
 
 def lowest_client(comm, flagged: list[int]) -> int | None:
@@ -159,24 +239,19 @@ def lowest_client(comm, flagged: list[int]) -> int | None:
     return None if lowest == none else lowest
 
 
-def _load_states(clients: list[Client], comm, folder: Path, agreed: int, run_id: str) -> list:
-    """Each client's state after ``agreed`` rounds (None: it does not read); a file the weights-only
-    loader refuses stops the resume on every rank (ConfigError naming the lowest such client's file)."""
-    states, refused = [], []
+def _load_states(clients: list[Client], comm, folder: Path, agreed: int, run_id: str, key: bytes | None) -> list:
+    """Each client's state after ``agreed`` rounds (None: it does not read); a file that is refused (its
+    MAC fails, or it is a zip or pickle mpicd did not write) stops the resume on every rank
+    (ConfigError naming it, printed by the lowest rank that holds one)."""
+    states, why = [], ""
     for c in clients:
         try:
-            states.append(checkpoint.load(folder, c.index, agreed, run_id, c.device))
-        except checkpoint.Refused:
+            states.append(checkpoint.load(folder, c.index, agreed, run_id, c.device, key))
+        except checkpoint.Refused as err:
             states.append(None)
-            refused.append(c.index)
-    first = lowest_client(comm, refused)
-    if first is not None:  # every rank raises, so none is left in a collective; rank 0 prints it
-        raise ConfigError(
-            "--resume",
-            f"{checkpoint.path_for(folder, first, agreed, run_id)} is not a checkpoint mpicd wrote"
-            " (it holds more than tensors and plain types; nothing in it was run): move it away to resume"
-            " from an older checkpoint, or start a new output",
-        )
+            why = why or str(err)
+    advice = ": nothing in it was used; move it away to resume from an older checkpoint, or start a new output"
+    raise_agreed(comm, ConfigError("--resume", why + advice) if why else None)  # every rank raises, or none
     return states
 
 

@@ -87,9 +87,10 @@ def run(args: argparse.Namespace) -> int:
                 stop_requested=stop,
                 startup=startup,
                 again=stop.again,
+                follow_symlinks=getattr(args, "follow_symlinks", False),
             )
         except ConfigError as err:
-            if comm.rank == 0:
+            if comm.rank == 0 and not getattr(err, "told", False):  # told: the rank that knew has said it
                 say(f"mpicd: {err}", sys.stderr)
             return EXIT_BAD_INPUT
         if outcome.stopped:
@@ -162,6 +163,7 @@ def launch_hint(ranks: int, env: dict | None = None, words: list[str] | None = N
 def run_words(args: argparse.Namespace, resume: bool = False) -> list[str]:
     """``mpicd run``'s arguments as ``args`` holds them; ``resume``: with --resume for --overwrite."""
     words = ["run", args.config, *args.overrides, *(["--out", args.out] if args.out else [])]
+    words += ["--follow-symlinks"] if getattr(args, "follow_symlinks", False) else []
     if resume or args.resume:
         return [*words, "--resume"]
     return [*words, "--overwrite"] if args.overwrite else words

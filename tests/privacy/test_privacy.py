@@ -414,16 +414,30 @@ def test_a_key_file_others_can_read_or_that_holds_no_key_is_refused_by_name(tmp_
 def test_a_budget_keeps_its_key_in_its_state_and_refuses_a_checkpoint_of_another_key(tmp_path):
     from privacy_context import private_settings
 
-    from mpicd.privacy.budget import Budget
+    from mpicd.privacy.budget import Budget, KeyMismatch
 
     fresh = Budget(private_settings(), 0, 1)
     assert fresh.key is not None and fresh.state_dict()["key"] == fresh.key
     resumed = Budget(private_settings(), 0, 1)
     resumed.load_state_dict(fresh.state_dict())
     assert resumed.key == fresh.key  # no key_dir: the checkpoint's key is the client's
+    empty = Budget(private_settings(key_dir=str(tmp_path / "empty")), 0, 1)  # a resume makes no key file
+    with pytest.raises(
+        KeyMismatch, match=r"client-1.key does not exist, but client 1's checkpoint was drawn with \(a fresh"
+    ):
+        empty.load_state_dict(fresh.state_dict())
+    assert not (tmp_path / "empty").exists()
+    secret.site_key(tmp_path, 1)
     at_site = Budget(private_settings(key_dir=str(tmp_path)), 0, 1)
-    with pytest.raises(ValueError, match="client-1.key is not the key"):
+    with pytest.raises(KeyMismatch, match="client-1.key is not the key client 1's checkpoint was drawn with"):
         at_site.load_state_dict(fresh.state_dict())
+    fresh.ensure_key()
+    assert fresh.key == resumed.key  # a key it has is kept
+    empty.ensure_key()  # round 1: the key folder gets its key file
+    assert empty.key == secret.site_key(tmp_path / "empty", 1)
+    again = Budget(private_settings(key_dir=str(tmp_path / "empty")), 0, 1)
+    again.load_state_dict(empty.state_dict())
+    assert again.key == empty.key and "the key file" in again.key_from
     seeded = Budget(private_settings(noise="seeded"), 0, 1)
     assert seeded.key is None and seeded.state_dict()["key"] is None
     with pytest.raises(ValueError, match="holds no secret key"):
@@ -504,6 +518,52 @@ def test_a_journal_ignores_only_a_torn_last_line(tmp_path):
         fh.write("garbage\n")  # a whole line that is no entry: refused, naming the file and line
     with pytest.raises(ValueError, match=r"j.releases: line 3 is not a release entry"):
         Journal(path)
+
+
+@pytest.mark.parametrize("tamper", ["edit", "drop", "swap", "other client", "other key"])
+def test_a_journal_line_proves_itself_under_the_site_key(tmp_path, tamper):
+    """Each line's MAC: HMAC-SHA-256 under the site key of (tag, file name, the line before's MAC, the
+    line's fields), every part length-prefixed; recomputed here with hmac. Whoever can write the file
+    but lacks the key cannot edit, drop, reorder or transplant a line."""
+    import hashlib
+    import hmac
+    import json
+
+    from mpicd.privacy.journal import Entry, Journal, read
+
+    key = bytes(range(32))
+    path = tmp_path / "client1.0123456789abcdef.releases"
+    journal = Journal(path, key)
+    journal.record(Entry(0, 0, 0.5, 1.4, 1, "ab" * 32))
+    journal.record(Entry(1, 0, 0.5, 1.4, 1, "cd" * 32))
+    lines = path.read_text().splitlines(keepends=True)
+    previous = b""
+    for line in lines:
+        fields = json.loads(line)
+        mac = bytes.fromhex(fields.pop("mac"))
+        h = hmac.new(key, digestmod=hashlib.sha256)
+        for part in (
+            b"mpicd release journal v1",
+            path.name.encode(),
+            previous,
+            json.dumps(fields, sort_keys=True).encode(),
+        ):
+            h.update(len(part).to_bytes(8, "big") + part)
+        assert mac == h.digest()
+        previous = mac
+    assert sorted(read(path, key)) == [(0, 0), (1, 0)]
+    if tamper == "edit":  # the attacker halves a release's cost
+        path.write_text(lines[0].replace('"q": 0.5', '"q": 0.25') + lines[1])
+    elif tamper == "drop":
+        path.write_text(lines[1])
+    elif tamper == "swap":
+        path.write_text(lines[1] + lines[0])
+    elif tamper == "other client":
+        path = path.rename(tmp_path / "client2.0123456789abcdef.releases")
+    else:
+        key = bytes(32)
+    with pytest.raises(ValueError, match=r"line 1's MAC does not verify under the site key"):
+        Journal(path, key)
 
 
 # --- DP-SGD's expected batch size ------------------------------------------------------------------

@@ -4,14 +4,17 @@ tensors; temporary files are created exclusively, never through a link."""
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
+import stat
 
 import numpy as np
 import pytest
 import torch
 
 from mpicd.core import exclusive
+from mpicd.core.paths import PathRefused
 from mpicd.run import checkpoint
 
 from conftest import QUICKSTART, mpiexec
@@ -55,6 +58,24 @@ def test_a_planted_pickle_in_the_checkpoint_folder_is_refused_and_never_runs(tmp
     assert any(str(path) in lines[0] for path in planted), lines
     assert all(path.exists() for path in planted), "a user's file is never removed without their word"
 
+    # the forger who can write the folder but not read the site key: a well-formed checkpoint, weights
+    # zeroed, MACed under a key of their own, is refused by name before any of it is used
+    forger = bytes(range(32))
+    for path in planted:
+        rank, completed, run_id, _ = path.name.replace("rank", "").replace("round", "").split(".")
+        body = io.BytesIO()
+        state = {"run_id": run_id, "model": {"weight": torch.zeros(3)}}
+        torch.save(state, body)
+        mac = checkpoint._mac(forger, int(rank), int(completed), run_id, body.getvalue())
+        path.write_bytes(checkpoint.MAGIC + mac + len(body.getvalue()).to_bytes(8, "big") + body.getvalue())
+    before = out.read_bytes()
+    forged = mpiexec(2, "-m", "mpicd", "run", str(QUICKSTART), *RUN, "--out", str(out), "--resume", timeout=240)
+    assert forged.returncode == 2, (forged.stdout, forged.stderr)
+    lines = [line for line in forged.stderr.splitlines() if line.startswith("mpicd:")]
+    assert len(lines) == 1 and "MAC does not verify under the site key" in lines[0], forged.stderr
+    assert any(str(path) in lines[0] for path in planted) and "Traceback" not in forged.stderr
+    assert out.read_bytes() == before, "a refused resume writes nothing"
+
 
 def test_checkpoints_hold_plain_tensors_and_give_numpy_state_back_exactly(tmp_path):
     folder, run = tmp_path / "x.h5.ckpt", "0123456789abcdef"
@@ -66,7 +87,12 @@ def test_checkpoints_hold_plain_tensors_and_give_numpy_state_back_exactly(tmp_pa
         "tensor": torch.tensor([1.0, 2.0]),
     }
     path = checkpoint.save(folder, 0, 1, state, run)
-    torch.load(path, weights_only=True)  # nothing but tensors and plain types inside
+    assert path.read_bytes()[:8] == checkpoint.MAGIC and stat.S_IMODE(folder.stat().st_mode) == 0o700
+    folder.chmod(0o777)  # a folder others can write in: no checkpoint is written (nor read back) there
+    with pytest.raises(PathRefused, match=r"x.h5.ckpt: the checkpoint folder is mode drwxrwxrwx"):
+        checkpoint.save(folder, 0, 2, state, run)
+    folder.chmod(0o700)
+    torch.load(io.BytesIO(path.read_bytes()[48:]), weights_only=True)  # nothing but tensors and plain types inside
     back = checkpoint.load(folder, 0, 1, run, "cpu")
     np.testing.assert_array_equal(back["frozen"], np.arange(5, dtype=np.float64) / 3)
     assert back["frozen"].dtype == np.float64 and back["counts"].dtype == np.int64
@@ -111,13 +137,13 @@ def test_a_raw_pickle_planted_as_a_checkpoint_is_refused_and_never_runs(tmp_path
     assert not marker.exists()
 
 
-def test_a_checkpoint_naming_another_run_inside_is_not_loaded(tmp_path):
-    folder = tmp_path / "x.h5.ckpt"
-    checkpoint.save(folder, 0, 1, {"round": 1}, "0123456789abcdef")
-    os.replace(
-        checkpoint.path_for(folder, 0, 1, "0123456789abcdef"), checkpoint.path_for(folder, 0, 1, "fedcba9876543210")
-    )
-    assert checkpoint.load(folder, 0, 1, "fedcba9876543210", "cpu") is None
+def test_a_checkpoint_moved_to_another_client_or_round_is_refused(tmp_path):
+    folder, run = tmp_path / "x.h5.ckpt", "0123456789abcdef"
+    for other_run, client, completed in ((run, 1, 1), (run, 0, 2)):  # another run's name: tests/run/test_startpoint
+        checkpoint.save(folder, 0, 1, {"round": 1}, run)
+        os.replace(checkpoint.path_for(folder, 0, 1, run), checkpoint.path_for(folder, client, completed, other_run))
+        with pytest.raises(checkpoint.Refused, match="MAC does not verify"):
+            checkpoint.load(folder, client, completed, other_run, "cpu")
 
 
 def test_temporary_files_are_new_unpredictable_and_never_reached_through_a_link(tmp_path):

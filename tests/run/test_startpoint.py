@@ -307,14 +307,15 @@ def test_remove_all_deletes_every_runs_checkpoints_and_torn_files(tmp_path):
     assert checkpoint.remove_all(tmp_path / "nothing.h5.ckpt") == 0
 
 
-def test_load_refuses_a_checkpoint_whose_inner_run_id_is_not_its_names(tmp_path):
+def test_load_refuses_a_checkpoint_copied_under_another_runs_name(tmp_path):
     folder = tmp_path / "run.h5.ckpt"
     saved = checkpoint.save(folder, 0, 3, state("mine"), RUN)
     cpu = torch.device("cpu")
     assert checkpoint.load(folder, 0, 3, RUN, cpu)["run_id"] == RUN
     shutil.copyfile(saved, checkpoint.path_for(folder, 0, 3, OTHER))
     assert checkpoint.available(folder, 0, OTHER) == [3]
-    assert checkpoint.load(folder, 0, 3, OTHER, cpu) is None
+    with pytest.raises(checkpoint.Refused, match="MAC does not verify"):  # its MAC binds it to its run
+        checkpoint.load(folder, 0, 3, OTHER, cpu)
     checkpoint.path_for(folder, 0, 2, RUN).write_bytes(b"torn")
     assert checkpoint.load(folder, 0, 2, RUN, cpu) is None
 
