@@ -26,6 +26,10 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
+FORWARDED = ("MPICD_SITE_KEY",)
+"""Set where mpirun runs, passed to every rank on every node: each rank MACs and checks checkpoints
+under the site key it reads (mpicd.core.sitekey), so all must read the same one."""
+
 LAUNCHERS = ("srun", "mpirun")
 SRUN_DEFAULT = "--mpi=pmix --kill-on-bad-exit=1"
 
@@ -86,7 +90,7 @@ def command(
     cores (a workstation; False inside an allocation, whose slots are the limit), ``unbound``: no
     binding of ranks to cores (Open MPI binds each of up to 2 ranks to one core), ``hostfile``: the
     nodes and their slots, ``export``: environment variables passed to every rank (Open MPI's ``-x``;
-    MPICH's Hydra and srun pass the whole environment).
+    MPICH's Hydra and srun pass the whole environment); :data:`FORWARDED` ones set here always are.
     """
     kind = chosen(launcher)
     if kind == "srun":
@@ -100,7 +104,8 @@ def command(
         flags += ["--oversubscribe"] if oversubscribe else []
         flags += ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
         flags += ["--bind-to", "none"] if unbound else []
-        flags += [x for name in export for x in ("-x", name)]
+        forwarded = [name for name in FORWARDED if os.environ.get(name) and name not in export]
+        flags += [x for name in [*forwarded, *export] for x in ("-x", name)]
     flags += ["--hostfile", str(hostfile)] if hostfile else []
     flags += shlex.split(os.environ.get("MPICD_MPIRUN_ARGS", ""))
     return [path, "-n", str(ranks), *flags, *program]

@@ -73,7 +73,8 @@ def settings(section, rounds: int) -> Settings:
 
 
 class KeyMismatch(ValueError):
-    """A resume whose ``privacy.key_dir`` is not where the checkpoint's key came from."""
+    """A resume whose ``privacy.key_dir`` is not where the checkpoint's key came from, or whose journal
+    holds less than the checkpoint says it did: the checkpoint and the site disagree."""
 
 
 class Budget:
@@ -185,12 +186,22 @@ class Budget:
             "stopped_at": self.stopped_at,
             "key": self.key,
             "key_from": self.key_from,
+            "journaled": 0 if self.journal is None else len(self.journal),  # a journal cut short shows
         }
 
     def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
         """The checkpoint's ledger and key (the draws go on as the interrupted run's would have).
         :class:`KeyMismatch` when ``privacy.key_dir`` lacks the client's key file or holds another key
-        than the checkpoint's (``source``: the checkpoint, in words); no key file is made."""
+        than the checkpoint's (``source``: the checkpoint, in words; no key file is made), or when the
+        journal holds fewer releases than it did at the checkpoint (lines dropped from its end, or the
+        file deleted: its MACs cannot show that)."""
+        journaled = int(state.get("journaled", 0))
+        if self.journal is not None and len(self.journal) < journaled:
+            raise KeyMismatch(
+                f"{self.journal.path} holds {len(self.journal)} releases, but client {self.client}'s {source} was "
+                f"saved after {journaled}: the journal was cut short or deleted, so what the client released "
+                "cannot be known; restore it, or pass --overwrite to start a new run"
+            )
         key = state.get("key")
         if self.settings.noise == "secret":
             if key is None:

@@ -268,7 +268,9 @@ def load(
     head = len(MAGIC) + 32 + 8
     if bytes(data[: len(MAGIC)]) != MAGIC:
         if zipfile.is_zipfile(path) or _is_pickle(path):
-            raise Refused(path, "not a checkpoint mpicd wrote: a torch or pickle file without mpicd's MAC")
+            raise Refused(
+                path, "not a checkpoint mpicd wrote: a torch or pickle file without mpicd's MAC; nothing in it was used"
+            )
         return None  # not a zip that opens, nor a pickle: garbage where a checkpoint was (zeros after a crash)
     if len(data) < head or len(data) < head + int.from_bytes(data[head - 8 : head], "big"):
         return None  # cut short (a crash): torn, ignored; never used, whoever cut it

@@ -11,7 +11,6 @@ back: mpicd.run.resume; what the results file records besides the rounds: mpicd.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from mpicd.run.resume import (
     agree_on_start,
     check_key_dir,
     client_state,
-    lowest_client,
+    raise_agreed,
     remove_checkpoints,
     resume_point,
     site_key,
@@ -148,7 +147,7 @@ def run_rounds(
     assignment = make_assignment(plan, comm)
     shared: dict = {}
     clients = [Client(plan, comm, placement.device, c, assignment.owner, shared) for c in assignment.mine]
-    nonce = begin_privacy(plan, clients, comm, out, decision.run_id)
+    nonce = begin_privacy(plan, clients, comm, out, decision.run_id, key)
     start = 0 if decision.fresh else resume_point(plan, clients, comm, out, decision, key)
     if start == 0 and plan.privacy is not None:  # round 1: a key folder without a client's key gets it now
         for c in clients:
@@ -206,39 +205,29 @@ def run_rounds(
     return outcome
 
 
-def begin_privacy(plan: Plan, clients: list[Client], comm, out: Path, run_id: str) -> str | None:
+def begin_privacy(plan: Plan, clients: list[Client], comm, out: Path, run_id: str, key: bytes) -> str | None:
     """Each private client's nonce (the run id, or privacy.nonce) and release journal (beside its
-    checkpoints); returns the nonce (None: privacy off). A journal that does not read stops the run
-    on every rank (collective: the lowest such client agreed), a ConfigError naming its file."""
+    checkpoints); returns the nonce (None: privacy off). A journal that does not read (or whose MACs
+    under the site key ``key`` fail) stops the run on every rank (collective), a ConfigError naming it."""
     if plan.privacy is None:
         return None
     nonce = plan.privacy.nonce or run_id
     folder = checkpoint.folder_for(out)
-    unread = []
+    unread = None
     for c in clients:
         path = checkpoint.journal_path(folder, c.index, run_id)
         try:
-            journal = Journal(path)
+            journal = Journal(path, key)
         except (OSError, ValueError) as err:
-            unread.append(c.index)
-            log_error(f"mpicd: rank {comm.rank}: {err}")
+            unread = unread or ConfigError(
+                "--resume",
+                f"{err}: what the client released cannot be known, so the run cannot go on; restore the file, or "
+                "pass --overwrite to start a new run (the releases already sent stay out of its epsilon)",
+            )
             journal = None
         c.algorithm.ctx.privacy.begin(nonce, journal)
-    first = lowest_client(comm, unread)
-    if first is not None:
-        raise ConfigError(
-            "--resume",
-            f"{checkpoint.journal_path(folder, first, run_id)} does not read as a release journal (see its rank's "
-            "message): what the client released cannot be known, so the run cannot go on; restore the file, or "
-            "pass --overwrite to start a new run (the releases already sent stay out of its epsilon)",
-        )
+    raise_agreed(comm, unread)  # the rank that read it says why, in one line
     return nonce
-
-
-def log_error(line: str) -> None:
-    """One line to this rank's stderr (the rank that knows why; rank 0 prints the ConfigError)."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
 
 
 def privacy_run_attrs(plan: Plan, nonce: str | None) -> dict:

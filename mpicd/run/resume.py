@@ -250,7 +250,7 @@ def _load_states(clients: list[Client], comm, folder: Path, agreed: int, run_id:
         except checkpoint.Refused as err:
             states.append(None)
             why = why or str(err)
-    advice = ": nothing in it was used; move it away to resume from an older checkpoint, or start a new output"
+    advice = "; move it away to resume from an older checkpoint, or start a new output"
     raise_agreed(comm, ConfigError("--resume", why + advice) if why else None)  # every rank raises, or none
     return states
 

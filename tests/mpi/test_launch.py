@@ -19,7 +19,7 @@ ROOT_USER = hasattr(os, "geteuid") and os.geteuid() == 0
 
 @pytest.fixture
 def plain_env(monkeypatch):
-    for name in ("MPICD_LAUNCHER", "MPICD_SRUN_ARGS", "MPICD_MPIRUN_ARGS", "SLURM_JOB_ID"):
+    for name in ("MPICD_LAUNCHER", "MPICD_SRUN_ARGS", "MPICD_MPIRUN_ARGS", "SLURM_JOB_ID", "MPICD_SITE_KEY"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -37,6 +37,8 @@ def test_mpirun_here_is_open_mpi_with_the_flags_it_needs(plain_env):
         assert launch.command(2, unbound=True)[-2:] == ["--bind-to", "none"]
         exported = launch.command(2, ["p"], export=["PYTHONPATH", "A"])
         assert exported[-5:] == ["-x", "PYTHONPATH", "-x", "A", "p"]
+        plain_env.setenv("MPICD_SITE_KEY", "/shared/site.key")  # every rank, on every node, reads one site key
+        assert launch.command(2, ["p"], export=["A"])[-5:] == ["-x", "MPICD_SITE_KEY", "-x", "A", "p"]
 
 
 def test_the_launcher_beside_this_python_comes_before_path(plain_env, tmp_path):

@@ -566,6 +566,39 @@ def test_a_journal_line_proves_itself_under_the_site_key(tmp_path, tamper):
         Journal(path, key)
 
 
+def test_a_journal_cut_short_after_a_checkpoint_is_refused_on_resume(tmp_path):
+    """Lines dropped from a journal's end (or the file deleted) leave every remaining MAC whole; the
+    checkpoint's count of journaled releases shows it."""
+    from privacy_context import private_settings
+
+    from mpicd.privacy.budget import Budget, KeyMismatch
+    from mpicd.privacy.journal import Journal
+
+    key, path = bytes(range(32)), tmp_path / "client1.0123456789abcdef.releases"
+    first = Budget(private_settings(), 0, 1)
+    first.begin("0123456789abcdef", Journal(path, key))
+    for r in range(3):
+        assert first.request(r)
+        first.released(r, np.full(4, r, dtype=np.float32))
+    state = first.state_dict()
+    assert state["journaled"] == 3
+    whole = path.read_text()
+    for kept in (whole, "".join(whole.splitlines(keepends=True)[:2]), None):
+        if kept is None:
+            path.unlink()
+        else:
+            path.write_text(kept)
+        again = Budget(private_settings(), 0, 1)
+        again.begin("0123456789abcdef", Journal(path, key))
+        if kept == whole:
+            again.load_state_dict(state)  # the whole journal: resumed
+            continue
+        with pytest.raises(
+            KeyMismatch, match=rf"holds {2 if kept else 0} releases, but client 1's checkpoint was saved after 3"
+        ):
+            again.load_state_dict(state)
+
+
 # --- DP-SGD's expected batch size ------------------------------------------------------------------
 
 

@@ -49,7 +49,10 @@ def gpu_of(local_rank: int) -> str:
 
 
 def job_env(cluster, **more) -> dict:
-    env = {**mpi_env(), **cluster.env, "PYTHONUNBUFFERED": "1", **more}
+    """The environment of a job on the cluster: its site key on the shared file system, as a site's
+    would be (each node's /tmp is its own; mpicd.core.sitekey)."""
+    site = {"MPICD_SITE_KEY": str(cluster.root / "site" / "site.key")}
+    env = {**mpi_env(), **cluster.env, "PYTHONUNBUFFERED": "1", **site, **more}
     return {k: v for k, v in env.items() if not (k.startswith("SLURM_") and k != "SLURM_CONF") or k in more}
 
 
