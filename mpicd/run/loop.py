@@ -33,11 +33,11 @@ from mpicd.run.faults import FaultInjector
 from mpicd.run.metadata import placement_row, results_attrs
 from mpicd.run.nonfinite import NonFiniteGuard
 from mpicd.run.plan import Plan
+from mpicd.run.agreement import raise_agreed
 from mpicd.run.resume import (
     agree_on_start,
     check_key_dir,
     client_state,
-    raise_agreed,
     remove_checkpoints,
     resume_point,
     site_key,

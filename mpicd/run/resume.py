@@ -5,7 +5,6 @@ checkpoints removed when a run ends."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ from mpicd.config.identity import RUN_ID_CHARS
 from mpicd.config.sections import config_difference, ConfigError
 from mpicd.mpi.comm import Traffic
 from mpicd.run import checkpoint, startpoint
+from mpicd.run.agreement import raise_agreed
 from mpicd.run.client import Client
 from mpicd.run.plan import Plan
 
@@ -133,20 +133,6 @@ def site_key(comm) -> bytes:
         error = ConfigError("site key", str(err))
     raise_agreed(comm, error)
     return key
-
-
-def raise_agreed(comm, error: ConfigError | None) -> None:
-    """Collective: when any rank holds an ``error``, the lowest such rank prints it (the rank that knows
-    why: one line) and every rank raises a ConfigError marked ``told`` (the caller prints nothing more)."""
-    failing = comm.first_failing_rank(error is not None)
-    if failing is None:
-        return
-    if comm.rank == failing:
-        sys.stderr.write(f"mpicd: {error}\n")
-        sys.stderr.flush()
-    raised = error or ConfigError("", f"rank {failing} refused (see its message)")
-    raised.told = True
-    raise raised
 
 
 def check_key_dir(plan: Plan, comm) -> None:

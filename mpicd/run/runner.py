@@ -175,14 +175,13 @@ def agreed(comm, step: Callable[[], T]) -> T:
     The lowest failing rank prints its message, so the user sees one clear error and no rank
     is left waiting in a collective that the others never reach.
     """
+    from mpicd.run.agreement import raise_agreed
+
     error: ConfigError | None = None
+    result = None
     try:
         result = step()
     except ConfigError as err:
         error = err
-    failing = comm.first_failing_rank(error is not None)
-    if failing is not None:
-        if comm.rank == failing:
-            print(f"mpicd: {error}", file=sys.stderr, flush=True)
-        raise error or ConfigError("", f"rank {failing} rejected the input (see its message)")
+    raise_agreed(comm, error)
     return result
