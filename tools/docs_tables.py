@@ -7,7 +7,7 @@ tests/mpi/test_channels.py and tests/algorithms/test_payloads.py check): the con
 
 from pathlib import Path
 
-from mpicd.algorithms import payload_table
+from mpicd.algorithms import params_by_name, payload_table
 from mpicd.config.text import config_tables
 from mpicd.mpi.channels import table as channel_table
 from mpicd.results.columns import layout_table
@@ -15,7 +15,11 @@ from mpicd.results.columns import layout_table
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 TABLES = {  # page: (begin marker, end marker, generator)
     "reference/configuration.md": [
-        ("<!-- mpicd config --markdown: begin -->", "<!-- mpicd config --markdown: end -->", config_tables)
+        (
+            "<!-- mpicd config --markdown: begin -->",
+            "<!-- mpicd config --markdown: end -->",
+            lambda: config_tables(params_by_name()),
+        )
     ],
     "explanation/what-leaves-a-rank.md": [
         ("<!-- payload table: begin -->", "<!-- payload table: end -->", payload_table),

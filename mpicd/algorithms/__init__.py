@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from mpicd.algorithms.base import Algorithm, Batch, Context, Payload, Sizes
 from mpicd.algorithms.ccvr import CCVR
 from mpicd.algorithms.centralized import Centralized
@@ -34,13 +36,40 @@ REGISTRY: dict[str, type[Algorithm]] = {
 
 
 def resolve(section: dict) -> tuple[type[Algorithm], object]:
-    """Validate the config's ``algorithm`` section against the chosen algorithm's ``Params``."""
+    """Validate the config's ``algorithm`` section against the chosen algorithm's ``Params``; first
+    each method switch the section records (``switches``: mpicd.config.loading.SwitchedSection),
+    by :func:`check_switch`."""
+    for previous, name, keys in getattr(section, "switches", ()):
+        check_switch(previous, name, keys)
     fields = dict(section)
     name = fields.pop("name", None)
     if name not in REGISTRY:
         raise ConfigError("algorithm.name", f"must be one of {', '.join(sorted(REGISTRY))}, got {name!r}")
     cls = REGISTRY[name]
     return cls, from_mapping(cls.Params, fields, "algorithm", also_known=("name",))
+
+
+def check_switch(previous, name, keys) -> None:
+    """``algorithm.name=NAME`` over a section of method ``previous`` that held ``keys`` kept them:
+    refuse those NAME does not have, naming ``algorithm=NAME`` (an unknown NAME: :func:`resolve`'s
+    own error names the valid methods)."""
+    if name not in REGISTRY:
+        return
+    own = {f.name.rstrip("_") for f in dataclasses.fields(REGISTRY[name].Params)}
+    foreign = sorted(set(keys) - own)
+    if foreign:
+        raise ConfigError(
+            "algorithm.name",
+            f"{name} takes no {', '.join(foreign)} (left from {previous}): "
+            f"to switch method, write algorithm={name} (its defaults) or "
+            f"algorithm={{name: {name}, ...}}",
+        )
+
+
+def params_by_name() -> dict[str, type]:
+    """Every algorithm's ``Params`` dataclass by ``algorithm.name``, in the registry's order: what
+    ``mpicd config`` and the configuration reference document (mpicd.config.text takes it as an argument)."""
+    return {name: cls.Params for name, cls in REGISTRY.items()}
 
 
 MPI_OPERATIONS = {
@@ -74,4 +103,15 @@ def payload_table() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Algorithm", "Batch", "Context", "Payload", "REGISTRY", "Sizes", "payload_table", "resolve"]
+__all__ = [
+    "Algorithm",
+    "Batch",
+    "Context",
+    "Payload",
+    "REGISTRY",
+    "Sizes",
+    "check_switch",
+    "params_by_name",
+    "payload_table",
+    "resolve",
+]

@@ -1,8 +1,9 @@
-"""The interface between the round loop and an algorithm: a few hooks, nothing else.
+"""The interface between the round engine and an algorithm (:class:`Algorithm`): what an algorithm
+declares, the hooks its writer overrides, and the machinery derived from them that the engine calls.
 
-The loop trains one local epoch per round and asks the algorithm three things: what to
-exchange before the epoch, what extra loss to add to a batch (after showing it the batch), what
-to exchange after the epoch. All communication goes through ``ctx.comm`` so the ledger sees every byte.
+Each round the engine asks an algorithm three things: what to exchange before the local epochs, what
+to add to each batch's loss (after showing it the batch), what to exchange after the epochs. All
+communication goes through ``ctx.comm``, so the ledger sees every byte.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from mpicd.core.schema import ConfigError
 from mpicd.models.networks import FeatureHeadModel, num_parameters
 from mpicd.mpi.accounting import KINDS
 
-if TYPE_CHECKING:  # the comm layer imports MPI; `mpicd check` must work without it
+if TYPE_CHECKING:  # annotations only: the comm layer imports MPI, and `mpicd check` must work without it
     from mpicd.mpi.comm import Comm
     from mpicd.privacy.budget import Budget
 
@@ -172,14 +173,54 @@ class Payload:
         return tuple(_evaluate(ast.parse(f, mode="eval"), names) for f in formulas)
 
 
-class Algorithm:
-    """Subclass, set ``name`` and ``Params``, override the hooks you need, add a registry line."""
+def _defined(owner, name: str):
+    """The function behind ``owner``'s attribute ``name`` (a class or an instance; a classmethod's function)."""
+    attribute = getattr(owner, name)
+    return getattr(attribute, "__func__", attribute)
 
+
+def _overrides(owner, name: str) -> bool:
+    """Whether ``owner`` (an algorithm class or instance) replaces :class:`Algorithm`'s hook ``name``."""
+    return _defined(owner, name) is not _defined(Algorithm, name)
+
+
+class Algorithm:
+    """One federated method. Subclass it, set ``name`` and ``Params``, declare ``payloads``, override
+    the hooks it needs, and add a line to :data:`mpicd.algorithms.REGISTRY`.
+
+    **Declarations** (class attributes): ``name`` (``algorithm.name``), ``Params`` (the dataclass of its
+    keys), ``payloads`` (what leaves a rank each round: the byte checks, ``mpicd verify`` and the docs'
+    payload table read it), ``carried`` (attributes a checkpoint keeps), and four flags:
+    ``trains_on_union``, ``dpsgd``, ``shared_at_evaluation``, ``scores_generic``.
+
+    **Hooks an algorithm writer overrides** (each default: nothing, or the model's own):
+
+    * before training, classmethods: :meth:`check` (the partition against the parameters),
+      :meth:`check_private` (whether a ``privacy`` section has a private path), :meth:`release_attrs`;
+    * each round, in the order the engine calls them: :meth:`before_round`; per batch
+      :meth:`training_logits` (in :meth:`classification_loss`), :meth:`observe_batch`, :meth:`extra_loss`,
+      and :meth:`parameter_loss` (added after the noise under DP-SGD); :meth:`after_round`. :meth:`drop_update` and
+      :meth:`privacy_spent` when a client's update is dropped or its budget spent. An exchange is
+      written once, at rank level (``before_round`` / ``after_round`` over the clients a rank holds);
+      the per-client :meth:`before_epoch` / :meth:`after_epoch` run it for one client, unless
+      overridden for what does not communicate;
+    * evaluation: :meth:`predict`, :meth:`predict_generic`, :meth:`predictor_tensors`, :meth:`teacher`;
+    * state beyond the model: :meth:`trained_parameters`, :meth:`state_dict` / :meth:`load_state_dict`
+      (``carried`` by default);
+    * a point-to-point exchange whose rows depend on who talks to whom: :meth:`p2p_rows`.
+
+    **Machinery** the engine, the byte checks and ``mpicd verify`` call, derived from the above and not
+    meant to be overridden: :meth:`classification_loss` (the cross-entropy of :meth:`training_logits`),
+    :meth:`payload_for`, :meth:`payloads_for`, :meth:`bytes_per_round` and :meth:`rank_bytes_per_round`
+    (the ``payloads`` that apply, evaluated; co-distillation zeroes them for a single client).
+    """
+
+    # ------------------------------------------------------------------ declarations
     name: ClassVar[str]
     Params: ClassVar[type] = NoParams
-    trains_on_union: ClassVar[bool] = False  # True: every rank trains on all clients' training data
-    carried: ClassVar[tuple[str, ...]] = ()  # attributes that carry state from one round to the next
     payloads: ClassVar[tuple[Payload, ...]] = ()  # what leaves a rank each round, per option; none: nothing
+    carried: ClassVar[tuple[str, ...]] = ()  # attributes that carry state from one round to the next
+    trains_on_union: ClassVar[bool] = False  # True: every rank trains on all clients' training data
     dpsgd: ClassVar[bool] = False  # True: with privacy, the local training is DP-SGD (it shares models)
     # True: every client ends a round holding the same predictor (FedAvg's global model), so a rank's
     # clients whose predictor_tensors are equal bit for bit are evaluated once (mpicd.evaluation.predictors).
@@ -189,18 +230,11 @@ class Algorithm:
     # /metrics/generic_* columns (FedRoD's generic model next to its personal one)
     scores_generic: ClassVar[bool] = False
 
-    def state_dict(self) -> dict:
-        """What a checkpoint must hold for the next round to equal an uninterrupted run's."""
-        return {name: getattr(self, name) for name in self.carried}
-
-    def load_state_dict(self, state: dict) -> None:
-        for name in self.carried:
-            setattr(self, name, state[name])
-
     def __init__(self, params, ctx: Context):
         self.params = params
         self.ctx = ctx
 
+    # ------------------------------------------------------------------ hooks: before training
     @classmethod
     def check(cls, params, train_counts: np.ndarray, expertise: np.ndarray) -> None:
         """Reject hyper-parameters the partition cannot satisfy (ConfigError), before training."""
@@ -210,6 +244,132 @@ class Algorithm:
         """Reject a ``privacy`` section (ConfigError) unless these options have a private path:
         every value that leaves a rank clipped and noised (mpicd.privacy). Default: none."""
         raise ConfigError("privacy", f"algorithm {cls.name} has no private path (privacy: null, or another algorithm)")
+
+    @classmethod
+    def release_attrs(cls, settings) -> dict:
+        """Results-file attributes describing a private release besides the default ones
+        (mpicd.run.metadata; ``settings``: mpicd.privacy.budget.Settings). Default: none."""
+        return {}
+
+    # ------------------------------------------------------------------ hooks: the round
+    @classmethod
+    def before_round(cls, members: list["Algorithm"], round_index: int) -> None:
+        """Rank level, before the epochs of every client this rank holds (``members``, in client
+        order, all ranks calling it together): one exchange for all of them (co-distillation's
+        representations). Default: each client's own :meth:`before_epoch`, if it has one."""
+        for member in members:
+            if _overrides(member, "before_epoch"):  # the default before_epoch would come back here
+                member.before_epoch(round_index)
+
+    def before_epoch(self, round_index: int) -> None:
+        """One client's preparation for its epoch, called instead of :meth:`before_round` where a rank
+        holds this one client; override it for what does not communicate (FedProto resets its sums).
+        Default: :meth:`before_round` for ``[self]`` if the class has one, else nothing."""
+        if _overrides(self, "before_round"):
+            type(self).before_round([self], round_index)
+
+    def training_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits the client's local softmax trains on: the model's own by default. A method that
+        changes that softmax (FedLC's calibrated logits, FedRS's restricted softmax) overrides this,
+        row by row, so the loss stays a mean of per-sample terms; evaluation reads the raw logits."""
+        return logits
+
+    def observe_batch(self, batch: Batch) -> None:
+        """Every training minibatch, before :meth:`extra_loss`: collect what the exchange needs (the
+        per-class statistics of FedProto and FedDistill). Called whatever extra_loss returns, so a
+        statistic never depends on the loss term being on."""
+
+    def extra_loss(self, batch: Batch) -> torch.Tensor | None:
+        """A term added to the batch's classification loss, or None."""
+        return None
+
+    def parameter_loss(self) -> torch.Tensor | None:
+        """A loss term of the parameters alone (no data), or None: with DP-SGD it is added to the
+        noised gradient (free of privacy cost) rather than to the per-sample losses."""
+        return None
+
+    @classmethod
+    def after_round(cls, members: list["Algorithm"], round_index: int) -> None:
+        """Rank level, after the epochs of every client this rank holds: one exchange for all of them
+        (averaging, prototypes, logits); see :meth:`before_round`. Default: each client's own
+        :meth:`after_epoch`, if it has one."""
+        for member in members:
+            if _overrides(member, "after_epoch"):  # the default after_epoch would come back here
+                member.after_epoch(round_index)
+
+    def after_epoch(self, round_index: int) -> None:
+        """One client's closing step after its epoch, called instead of :meth:`after_round` where a
+        rank holds this one client. Default: :meth:`after_round` for ``[self]`` if the class has one,
+        else nothing."""
+        if _overrides(self, "after_round"):
+            type(self).after_round([self], round_index)
+
+    def drop_update(self, round_index: int) -> None:
+        """This client's update of the round is dropped (``on_nonfinite: skip``): it still takes
+        part in the round's remaining exchanges, contributing nothing. Default: nothing to do."""
+
+    def privacy_spent(self, round_index: int) -> None:
+        """DP-SGD: this client's budget refused the round's steps (mpicd.run.client); from now on what it
+        shares must be post-processing of its earlier private steps. Default: as a dropped update."""
+        self.drop_update(round_index)
+
+    # ------------------------------------------------------------------ hooks: evaluation
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits used for evaluation."""
+        return self.ctx.model(x)
+
+    def predict_generic(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the method's generic model (:attr:`scores_generic`): the model's own by default."""
+        return self.ctx.model(x)
+
+    def predictor_tensors(self) -> list[torch.Tensor]:
+        """Every tensor :meth:`predict` reads in eval mode: the model's parameters and buffers, but
+        BatchNorm's ``num_batches_tracked`` (a step counter read only in training with momentum None,
+        which no mpicd model uses). An algorithm whose predict reads more state adds it here."""
+        model = self.ctx.model
+        counters = {
+            f"{name}.num_batches_tracked" if name else "num_batches_tracked"
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+        }
+        return [*model.parameters(), *(b for name, b in model.named_buffers() if name not in counters)]
+
+    def teacher(self) -> int:
+        """The client this rank learned from in the current round, -1 if none."""
+        return -1
+
+    # ------------------------------------------------------------------ hooks: state beyond the model
+    def trained_parameters(self) -> list[torch.nn.Parameter]:
+        """Tensors the algorithm holds outside the model that the client's optimizer trains with it
+        (FedRoD's personal head): stepped, reset and checkpointed with the model's; none by default."""
+        return []
+
+    def state_dict(self) -> dict:
+        """What a checkpoint must hold for the next round to equal an uninterrupted run's."""
+        return {name: getattr(self, name) for name in self.carried}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in self.carried:
+            setattr(self, name, state[name])
+
+    # ------------------------------------------------------------------ hooks: bytes
+    @classmethod
+    def p2p_rows(cls, params, teachers: np.ndarray, owner: np.ndarray) -> list[tuple[int, int]] | None:
+        """Every rank's (T, U) in a round (:class:`Payload`'s rank formulas): the rows rank r sends and
+        receives point to point, given the round's ``teachers`` (t(i) per client, -1 for none:
+        ``/comm/teacher``) and ``owner[i]``, the rank of client i; a list over ranks 0..max(owner).
+        Raise ValueError for ``teachers`` the exchange cannot have drawn. Default: None, no exchange
+        whose rows depend on who teaches whom (T and U are then 0)."""
+        return None
+
+    # ------------------------------------------------------------------ machinery
+    def classification_loss(
+        self, batch: Batch, weight: torch.Tensor | None = None, reduction: str = "mean"
+    ) -> torch.Tensor:
+        """The batch's classification term (``/metrics/train_ce``): the cross-entropy of
+        :meth:`training_logits`, weighted by ``weight`` (``train.loss: balanced``); the same on the
+        DP-SGD path, where ``batch.features`` is None (Opacus sees the model's output only)."""
+        return F.cross_entropy(self.training_logits(batch.logits), batch.y, weight=weight, reduction=reduction)
 
     @classmethod
     def payload_for(cls, params) -> Payload | None:
@@ -251,98 +411,3 @@ class Algorithm:
             sent, recv = payload.rank_bytes(sizes, clients, rows_sent, rows_recv)
             counts[payload.kind] = (counts[payload.kind][0] + sent, counts[payload.kind][1] + recv)
         return counts
-
-    @classmethod
-    def release_attrs(cls, settings) -> dict:
-        """Results-file attributes describing a private release besides the default ones
-        (mpicd.run.metadata; ``settings``: mpicd.privacy.budget.Settings). Default: none."""
-        return {}
-
-    def before_epoch(self, round_index: int) -> None:
-        """Exchange what the coming epoch needs (co-distillation's representations): the hook of a
-        rank holding this one client. An algorithm that communicates implements :meth:`before_round`
-        and calls it with ``[self]`` here."""
-
-    def observe_batch(self, batch: Batch) -> None:
-        """Every training minibatch, before :meth:`extra_loss`: collect what the exchange needs (the
-        per-class statistics of FedProto and FedDistill). Called whatever extra_loss returns, so a
-        statistic never depends on the loss term being on."""
-
-    def extra_loss(self, batch: Batch) -> torch.Tensor | None:
-        """A term added to the batch's classification loss, or None."""
-        return None
-
-    def training_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """The logits the client's local softmax trains on: the model's own by default. A method that
-        changes that softmax (FedLC's calibrated logits, FedRS's restricted softmax) overrides this,
-        row by row, so the loss stays a mean of per-sample terms; evaluation reads the raw logits."""
-        return logits
-
-    def classification_loss(
-        self, batch: Batch, weight: torch.Tensor | None = None, reduction: str = "mean"
-    ) -> torch.Tensor:
-        """The batch's classification term (``/metrics/train_ce``): the cross-entropy of
-        :meth:`training_logits`, weighted by ``weight`` (``train.loss: balanced``); the same on the
-        DP-SGD path, where ``batch.features`` is None (Opacus sees the model's output only)."""
-        return F.cross_entropy(self.training_logits(batch.logits), batch.y, weight=weight, reduction=reduction)
-
-    def after_epoch(self, round_index: int) -> None:
-        """Exchange what the finished epoch produced (averaging, prototypes, logits); one client
-        on the rank, as :meth:`before_epoch`."""
-
-    @classmethod
-    def before_round(cls, members: list["Algorithm"], round_index: int) -> None:
-        """Rank level, before the epochs of every client this rank holds (``members``, in client
-        order, all ranks calling it together): one exchange for all of them. Default: each
-        client's :meth:`before_epoch` (right for an algorithm whose hook does not communicate)."""
-        for member in members:
-            member.before_epoch(round_index)
-
-    @classmethod
-    def after_round(cls, members: list["Algorithm"], round_index: int) -> None:
-        """Rank level, after the epochs of every client this rank holds; see :meth:`before_round`."""
-        for member in members:
-            member.after_epoch(round_index)
-
-    def drop_update(self, round_index: int) -> None:
-        """This client's update of the round is dropped (``on_nonfinite: skip``): it still takes
-        part in the round's remaining exchanges, contributing nothing. Default: nothing to do."""
-
-    def privacy_spent(self, round_index: int) -> None:
-        """DP-SGD: this client's budget refused the round's steps (mpicd.run.client); from now on what it
-        shares must be post-processing of its earlier private steps. Default: as a dropped update."""
-        self.drop_update(round_index)
-
-    def parameter_loss(self) -> torch.Tensor | None:
-        """A loss term of the parameters alone (no data), or None: with DP-SGD it is added to the
-        noised gradient (free of privacy cost) rather than to the per-sample losses."""
-        return None
-
-    def predict(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits used for evaluation."""
-        return self.ctx.model(x)
-
-    def predict_generic(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits of the method's generic model (:attr:`scores_generic`): the model's own by default."""
-        return self.ctx.model(x)
-
-    def trained_parameters(self) -> list[torch.nn.Parameter]:
-        """Tensors the algorithm holds outside the model that the client's optimizer trains with it
-        (FedRoD's personal head): stepped, reset and checkpointed with the model's; none by default."""
-        return []
-
-    def predictor_tensors(self) -> list[torch.Tensor]:
-        """Every tensor :meth:`predict` reads in eval mode: the model's parameters and buffers, but
-        BatchNorm's ``num_batches_tracked`` (a step counter read only in training with momentum None,
-        which no mpicd model uses). An algorithm whose predict reads more state adds it here."""
-        model = self.ctx.model
-        counters = {
-            f"{name}.num_batches_tracked" if name else "num_batches_tracked"
-            for name, module in model.named_modules()
-            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
-        }
-        return [*model.parameters(), *(b for name, b in model.named_buffers() if name not in counters)]
-
-    def teacher(self) -> int:
-        """The client this rank learned from in the current round, -1 if none."""
-        return -1

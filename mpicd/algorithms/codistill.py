@@ -172,6 +172,17 @@ class CoDistillation(Algorithm):
         counts = super().rank_bytes_per_round(sizes, params, clients, rows_sent, rows_recv, last)
         return counts if sizes.N > 1 else {kind: (0, 0) for kind in counts}
 
+    @classmethod
+    def p2p_rows(cls, params, teachers: np.ndarray, owner: np.ndarray) -> list[tuple[int, int]] | None:
+        """With the point-to-point exchange (``teacher_per: round``, ``classes: expertise``) every rank's
+        :meth:`rows_per_rank`; ValueError where a teacher is no other client (the draw never makes one)."""
+        if params.teacher_per != "round" or params.classes != "expertise":
+            return None
+        clients = len(owner)
+        if not all(t == -1 or (0 <= t < clients and t != s) for s, t in enumerate(teachers)):
+            raise ValueError("a teacher that is no other client")
+        return [cls.rows_per_rank(teachers, owner, rank) for rank in range(int(np.max(owner, initial=-1)) + 1)]
+
     @staticmethod
     def rows_per_rank(teachers: np.ndarray, owner: np.ndarray, rank: int) -> tuple[int, int]:
         """(T, U) of the point-to-point exchange for ``rank`` (see :class:`~mpicd.algorithms.Payload`):
@@ -275,9 +286,6 @@ class CoDistillation(Algorithm):
         payload = np.ascontiguousarray((total / count)[None], dtype=np.float32)
         budget.released(round_index, payload)  # journaled before it is sent
         return payload
-
-    def before_epoch(self, round_index: int) -> None:
-        type(self).before_round([self], round_index)
 
     @classmethod
     def before_round(cls, members: list["CoDistillation"], round_index: int) -> None:

@@ -287,9 +287,6 @@ class FedAMP(Algorithm):
             return cosine_weights(models, i, self.params.self_weight, self.params.cosine_scale)
         return gaussian_weights(squared_distances(models, i), i, self.alpha, self.sigma)
 
-    def after_epoch(self, round_index: int) -> None:
-        type(self).after_round([self], round_index)
-
     @classmethod
     def after_round(cls, members: list["FedAMP"], round_index: int) -> None:
         """The ring (one client per rank), or one Allgather(v) of the rank's clients' models, from

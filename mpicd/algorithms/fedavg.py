@@ -80,9 +80,6 @@ class FedAvg(Algorithm):
         theta = flatten(averaged_tensors(self.ctx.model))
         return np.ascontiguousarray(np.concatenate([theta * n, [n]]), dtype=np.float32)
 
-    def after_epoch(self, round_index: int) -> None:
-        type(self).after_round([self], round_index)
-
     @classmethod
     def after_round(cls, members: list["FedAvg"], round_index: int) -> None:
         """The rank sums its participating clients' contributions, then one Allreduce (mpicd.mpi.comm);

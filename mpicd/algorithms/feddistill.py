@@ -132,9 +132,6 @@ class FedDistill(Algorithm):
             return None
         return self.params.lambda_ * F.cross_entropy(batch.logits[mask], self.targets[batch.y[mask]])
 
-    def after_epoch(self, round_index: int) -> None:
-        type(self).after_round([self], round_index)
-
     @classmethod
     def after_round(cls, members: list["FedDistill"], round_index: int) -> None:
         """The rank sums its participating clients' payloads, then one Allreduce (mpicd.mpi.comm); a

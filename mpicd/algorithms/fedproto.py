@@ -129,9 +129,6 @@ class FedProto(Algorithm):
             return None
         return self.params.lambda_ * F.mse_loss(batch.features[mask], self.prototypes[batch.y[mask]])
 
-    def after_epoch(self, round_index: int) -> None:
-        type(self).after_round([self], round_index)
-
     @classmethod
     def after_round(cls, members: list["FedProto"], round_index: int) -> None:
         """The rank sums its participating clients' payloads, then one Allreduce (mpicd.mpi.comm); a

@@ -40,18 +40,19 @@ from pathlib import Path
 
 import numpy as np
 
+from mpicd.bench import clients as bench_clients
+from mpicd.bench import write as bench_write
 from mpicd.bench.anatomy import anatomy, compute_per_round, network, overhead, parallel, startup
 from mpicd.bench.harness import ALGORITHMS, ROOT, BenchError, machine, run_job, Settings, settings_for
 from mpicd.bench.plot import plot
 from mpicd.bench.projection import comm_model, projection
 from mpicd.bench.render import render
+from mpicd.config.loading import load_config
+from mpicd.config.sections import ConfigError
 
 
 def bench(s: Settings, log=print) -> dict:
     """Run every part and return the figures (the JSON). Imports no torch: the jobs do the work."""
-    from mpicd.config.loading import load_config
-    from mpicd.config.sections import ConfigError
-
     cfg = load_config(s.config, [*s.overrides, f"clients={s.ranks}"])  # bad input fails here, not in MPI
     if cfg.data.path and not Path(cfg.data.path).exists():
         raise ConfigError("data.path", f"{cfg.data.path} does not exist (run from the project root, or --data)")
@@ -90,16 +91,12 @@ def bench(s: Settings, log=print) -> dict:
         projected = projection(net, raw["models"], compute, write)
         written = None
         if s.write_ranks:
-            from mpicd.bench import write as bench_write
-
             quickstart = ROOT / "configs" / "quickstart.yaml"
             written = bench_write.sweep(
                 run_job, list(s.write_ranks), s.write_rounds, folder, s.timeout, quickstart, log
             )
         packed = None
         if s.clients_sweep:
-            from mpicd.bench import clients as bench_clients
-
             packed = {
                 "holding": bench_clients.holding(s.config, s.overrides, 16),
                 "sweep": bench_clients.sweep(
@@ -146,8 +143,6 @@ def bench(s: Settings, log=print) -> dict:
 
 def main(args) -> int:
     """``mpicd bench`` (see :func:`mpicd.cli.bench`): print the figures; --json / --plot write them."""
-    from mpicd.config.sections import ConfigError
-
     try:
         s = settings_for(args)
         result = bench(s, log=lambda line: print(line, flush=True))

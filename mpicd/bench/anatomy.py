@@ -11,17 +11,14 @@ from pathlib import Path
 import numpy as np
 
 from mpicd.bench.harness import ALGORITHMS, ROOT, BenchError, run_job, Settings, stats
-
-
-def _results(path: Path):
-    from mpicd.results.reader import Results
-
-    return Results(path)
+from mpicd.bench.net import fit
+from mpicd.results.reader import Results
+from mpicd.run.runner import STARTUP_PHASES
 
 
 def _round_parts(path: Path) -> dict[str, np.ndarray]:
     """(rounds after the warm-up, ranks) seconds of each part of the round."""
-    m = _results(path).metrics
+    m = Results(path).metrics
     return {part: np.asarray(m[f"{part}_seconds"][1:], dtype=float) for part in ("train", "comm", "eval", "write")}
 
 
@@ -96,8 +93,6 @@ def startup(s: Settings, folder: Path) -> dict:
     """Fresh launches of the quick start on ``s.ranks`` ranks: phases, and seconds to round 1."""
     import yaml
 
-    from mpicd.run.runner import STARTUP_PHASES
-
     config = ROOT / "configs" / "quickstart.yaml"
     totals, phases = [], {name: [] for name in (*STARTUP_PHASES, "model_build")}
     for repeat in range(s.repeats):
@@ -111,7 +106,7 @@ def startup(s: Settings, folder: Path) -> dict:
         first = next((t for t, text in lines if re.match(r"round\s+1/", text)), None)
         if first is None:
             raise BenchError("the quick start printed no 'round 1/' line:\n" + "\n".join(t for _, t in lines[-20:]))
-        res = _results(out)
+        res = Results(out)
         recorded = yaml.safe_load(res.attrs["startup_seconds"])
         m = res.metrics
         round_one = float(
@@ -131,8 +126,6 @@ def startup(s: Settings, folder: Path) -> dict:
 
 
 def network(raw: dict) -> dict:
-    from mpicd.bench.net import fit
-
     net = raw["network"]
     result = {"ranks": net["ranks"], "sizes": net["sizes"]}
     for name in ("pingpong", "allreduce"):

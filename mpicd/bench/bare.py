@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import time
 
+import torch
+import torch.nn.functional as F
+
+from mpicd.models.networks import build_model
+
 
 class BareClient:
     """One client as a plain PyTorch loop, written here apart from mpicd's Client: the reference."""
 
     def __init__(self, plan, index: int, device: str):
-        import torch
-
-        from mpicd.models.networks import build_model
-
         cfg, data = plan.config, plan.dataset
         own = plan.partition.train_indices[index]
         self.device = torch.device(device)
@@ -35,16 +36,11 @@ class BareClient:
         self.generator = torch.Generator().manual_seed(cfg.seed + index)
 
     def _sync(self) -> None:
-        import torch
-
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     def train(self) -> float:
         """One round's local epochs; returns their seconds."""
-        import torch
-        import torch.nn.functional as F
-
         started = time.perf_counter()
         self.model.train()
         for _ in range(self.train_cfg.local_epochs):
@@ -59,8 +55,6 @@ class BareClient:
 
     def evaluate(self) -> None:
         """Predictions on the test and validation splits, as every mpicd round makes them."""
-        import torch
-
         self.model.eval()
         with torch.no_grad():
             for x in self.evals:

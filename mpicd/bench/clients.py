@@ -33,6 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
+from mpicd.bench.harness import BenchError, launcher
+from mpicd.config.loading import load_config
+from mpicd.mpi.accounting import ByteLedger
+from mpicd.mpi.assignment import Assignment
+from mpicd.results.reader import Results
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -70,8 +76,7 @@ def holding_one(config: str, overrides: list[str], clients: int, rounds: int, mo
 
     import torch
 
-    from mpicd.config.loading import load_config
-    from mpicd.mpi.accounting import ByteLedger
+    # torch (1.4 s): this measurement's own process needs it, not mpicd bench, which imports this module
     from mpicd.run.client import Client
     from mpicd.run.plan import prepare
 
@@ -193,8 +198,6 @@ def _launch(n: int, argv: list[str], timeout: float) -> dict:
     import signal
     import subprocess
 
-    from mpicd.bench.harness import BenchError, launcher
-
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     launched = time.time()
     env["MPICD_LAUNCHED_AT"] = repr(launched)
@@ -234,8 +237,6 @@ def one_run(config: str, overrides: list[str], algorithm: str, clients: int, ran
     ``round_seconds``: the median over rounds after the first of the time between two progress
     lines (rank 0 prints one after each round's row is written): a round as the user waits for it."""
     import yaml
-
-    from mpicd.results.reader import Results
 
     argv = ["-m", "mpicd", "run", config, *overrides, f"clients={clients}", "clients_per_rank=balanced",
             f"rounds={rounds}", f"algorithm={{name: {algorithm}}}", "checkpoint.every=0", "--out", str(out)]  # fmt: skip
@@ -279,8 +280,6 @@ def sweep(config: str, overrides: list[str], clients: list[int], rounds: int, fo
     each ratio is taken within a repeat); and once on N ranks while N <= ``one_per_client_up_to``
     (beyond it the machine's memory, 400 MiB per rank, runs out). ``on_row``: called with the rows
     after each run (to save them as they come)."""
-    from mpicd.bench.harness import BenchError
-
     rows = []
 
     def job(algorithm: str, n: int, ranks: int, mode: str, repeat: int) -> None:
@@ -376,9 +375,8 @@ def alone_one(config: str, overrides: list[str], algorithm: str, clients: int, r
 
     import torch
 
-    from mpicd.config.loading import load_config
-    from mpicd.mpi.accounting import ByteLedger
-    from mpicd.mpi.assignment import Assignment
+    # torch (1.4 s) and mpi4py (MPI_Init on import): this measurement's own process needs them, not mpicd
+    # bench, which imports this module and only launches MPI jobs
     from mpicd.mpi.placement import cpu_threads, deterministic_algorithms
     from mpicd.run.client import Client
     from mpicd.run.plan import prepare

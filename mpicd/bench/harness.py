@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mpicd.bench.net import SIZES
 from mpicd.mpi import launch
 
 
@@ -60,8 +61,6 @@ def stats(values) -> dict:
 
 def settings_for(args) -> Settings:
     """The command line's options with --quick's defaults; BenchError names a bad option."""
-    from mpicd.bench.net import SIZES
-
     quick = bool(args.quick)
     s = Settings(
         ranks=2 if quick else 4,

@@ -4,26 +4,27 @@ every rank, then rank 0's single-process parts while the others sleep; then the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 
+from mpi4py import MPI  # before torch, as mpicd run imports them
+import torch
+
 from mpicd.bench.bare import BareClient
+from mpicd.bench.net import idle, sweep
 from mpicd.bench.projection import model_sizes
+from mpicd.config.loading import load_config
+from mpicd.mpi.comm import Comm
+from mpicd.mpi.placement import abort_on_exception, choose_device, cpu_threads, place
+from mpicd.run.loop import run_rounds
+from mpicd.run.plan import prepare
 
 
 def _mpicd_run(comm, config: str, overrides: list[str], out: Path, threads: int | None = None) -> None:
     """One run through mpicd's round loop, as ``mpicd run`` drives it, on ``comm``'s ranks
     (``threads``: torch's threads instead of the placement's, as the bench was asked)."""
-    import dataclasses
-
-    import torch
-
-    from mpicd.config.loading import load_config
-    from mpicd.mpi.placement import place
-    from mpicd.run.loop import run_rounds
-    from mpicd.run.plan import prepare
-
     plan = prepare(load_config(config, overrides))
     placement = place(comm.mpi, plan.config.device)
     if threads is not None:
@@ -34,14 +35,6 @@ def _mpicd_run(comm, config: str, overrides: list[str], out: Path, threads: int 
 
 def _alone(spec: dict, repeat: int, out: Path) -> dict:
     """Rank 0's single-process parts of one repeat, in alternating order; raw seconds per round."""
-    import torch
-    from mpi4py import MPI
-
-    from mpicd.config.loading import load_config
-    from mpicd.mpi.comm import Comm
-    from mpicd.mpi.placement import choose_device, cpu_threads
-    from mpicd.run.plan import prepare
-
     threads = spec["threads"] or cpu_threads(1)  # default: what mpicd gives one rank alone here
     one = [*spec["overrides"], "clients=1", "algorithm=local"]
     n = spec["ranks"]
@@ -94,12 +87,6 @@ def _alone(spec: dict, repeat: int, out: Path) -> dict:
 def worker(spec_path: str) -> int:
     """The MPI job: per repeat the anatomy runs (all ranks), then rank 0's single-process parts while
     the others sleep; then the network sweep. Rank 0 writes the raw figures to ``<out>/worker.json``."""
-    from mpi4py import MPI
-
-    from mpicd.bench.net import idle, sweep
-    from mpicd.mpi.comm import Comm
-    from mpicd.mpi.placement import abort_on_exception
-
     spec = json.loads(Path(spec_path).read_text())
     out, world = Path(spec["out"]), MPI.COMM_WORLD
     common = [*spec["overrides"], f"clients={world.Get_size()}"]
@@ -116,11 +103,6 @@ def worker(spec_path: str) -> int:
                 idle(world)
         raw["network"] = sweep(world, spec["sizes"], spec["repeats"], spec["net_budget"], spec["net_most"])
         if world.Get_rank() == 0:
-            import torch
-
-            from mpicd.config.loading import load_config
-            from mpicd.run.plan import prepare
-
             raw["models"] = model_sizes(prepare(load_config(spec["config"], common)))
             raw["torch"] = str(torch.__version__)
             raw["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

@@ -42,10 +42,12 @@ import torch
 
 from mpicd.algorithms import resolve
 from mpicd.algorithms.base import Context
+from mpicd.algorithms.codistill import CoDistillation
 from mpicd.models.networks import FeatureHeadModel
-from mpicd.privacy import tradeoff
+from mpicd.privacy import dpsgd, tradeoff
 from mpicd.privacy.budget import Budget, Settings
 from mpicd.privacy.clip import clip_rows
+from mpicd.privacy.streams import DPSGD_NOISE, DPSGD_SAMPLING
 
 KINDS = ("codistill", "codistill-logits", "fedproto", "feddistill", "dpsgd")
 DESCRIPTIONS = {
@@ -126,8 +128,6 @@ def representation_scores(
     """Scores of ``trials`` trials of ``rounds`` releases each, on D = (``rows``, ``labels``) and on D
     plus the canary (class ``canary_class``, direction from ``towards``), for the representation
     releases (``kind`` codistill, codistill-logits, fedproto, feddistill; module docstring)."""
-    from mpicd.algorithms.codistill import CoDistillation
-
     if kind not in KINDS[:4]:
         raise ValueError(f"privacy audit: {kind!r} is not a representation release ({', '.join(KINDS[:4])})")
     rows = np.asarray(rows, dtype=np.float32)
@@ -192,9 +192,6 @@ def dpsgd_scores(
     """Scores of ``trials`` DP-SGD local epochs (module docstring) on D = (``images``, ``labels``)
     plus the all-zero image, and on D plus the canary (pixel 0 alone, label 0), each epoch charged
     as ``mpicd.run.client`` charges a round: ``budget.request(round, steps, q, sigma)``."""
-    from mpicd.privacy import dpsgd
-    from mpicd.privacy.streams import DPSGD_NOISE, DPSGD_SAMPLING
-
     x, y = dpsgd_images(images, labels)
     clip = settings.clip
     slot = np.zeros((2, x.shape[1]), dtype=np.float32)

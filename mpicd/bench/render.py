@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from mpicd.bench.clients import render as render_clients
+from mpicd.bench.write import render as render_write
+
 
 def _f(st: dict, scale: float = 1.0, digits: int = 4) -> str:
     if st["median"] is None:
@@ -81,11 +84,7 @@ def render(r: dict) -> str:
             )
     lines += ["   assumptions:"] + [f"   - {a}" for a in pr["assumptions"]]
     if "write_vs_ranks" in r:
-        from mpicd.bench.write import render as render_write
-
         lines += render_write(r["write_vs_ranks"])
     if "clients_per_rank" in r:
-        from mpicd.bench.clients import render as render_clients
-
         lines.append(render_clients(r["clients_per_rank"]["holding"], r["clients_per_rank"]["sweep"]))
     return "\n".join(lines)

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
+from mpicd.results.reader import Results
+from mpicd.results.writer import flush_interval
+
 SETTINGS = {"every_round": "checkpoint.flush_every=1", "auto": "checkpoint.flush_every=auto"}
 
 
 def least_waiting_write(path: Path) -> dict:
     """Per round (after the first), the smallest write seconds over the ranks: mean and median, in s."""
-    from mpicd.results.reader import Results
-
     seconds = np.asarray(Results(path).metrics["write_seconds"][1:], dtype=float)
     per_round = np.nanmin(seconds, axis=1)
     return {"mean": float(np.mean(per_round)), "median": float(np.median(per_round)), "rounds": len(per_round)}
@@ -37,8 +38,6 @@ def sweep(
 
     ``run_job(n, argv, timeout)``: launches ``n`` ranks of ``python ARGV`` (mpicd.bench.run_job).
     """
-    from mpicd.results.writer import flush_interval
-
     out: dict = {"ranks": list(ranks), "rounds": rounds, "config": str(config)}
     for name in SETTINGS:
         out[name] = []

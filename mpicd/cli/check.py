@@ -26,13 +26,14 @@ def parser() -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, args.overrides)  # before torch's import: a bad key fails at once
+        # torch (seconds), here and below: not at the top, which `mpicd --help` imports with every command
         from mpicd.run.plan import prepare
 
         plan = prepare(config)
     except ConfigError as err:
         print(f"mpicd: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from mpicd.models.networks import build_model, describe
+    from mpicd.models.networks import build_model, describe  # torch, as prepare
 
     print(yaml.safe_dump(plan.resolved_config, sort_keys=False), end="")
     cfg = plan.config
@@ -52,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
     for line in warnings(plan):
         print(f"warning: {line}")  # not an error: stdout, exit 0
     if plan.dataset.md5 is not None:  # a MedMNIST file, hashed once by its loader
-        from mpicd.data.medmnist import md5_check
+        from mpicd.data.medmnist import md5_check  # torch, as prepare
 
         official, line = md5_check(plan.dataset.name, plan.dataset.md5)
         print(f"data file: {line}" if official else f"warning: {line}")  # not an error: stdout, exit 0

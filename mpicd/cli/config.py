@@ -26,14 +26,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
-    from mpicd.algorithms import REGISTRY
+    # here, not at the top: the registry imports torch, and every command's module is imported by `mpicd --help`
+    from mpicd.algorithms import params_by_name
 
+    params = params_by_name()  # the algorithms are chosen here: mpicd.config.text only lays their keys out
     if args.markdown:
-        print(config_tables())
+        print(config_tables(params))
         return 0
     name = args.algorithm or Config().algorithm["name"]
-    if name not in REGISTRY:
-        print(f"mpicd: --algorithm must be one of {', '.join(REGISTRY)}, got {name!r}", file=sys.stderr)
+    if name not in params:
+        print(f"mpicd: --algorithm must be one of {', '.join(params)}, got {name!r}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(default_config(name))
+    print(default_config(name, params))
     return 0

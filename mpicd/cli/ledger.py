@@ -22,6 +22,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
+    # torch (algorithm registry): 1.4 s that mpicd --help would pay, as it imports every command's module
     from mpicd.sweep.grid import write_ledger
 
     try:

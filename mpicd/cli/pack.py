@@ -16,6 +16,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
+    # torch (1.4 s) and mpi4py (MPI_Init on import): mpicd --help imports every command's module
     from mpicd.sweep.pack import main as pack_sweep
 
     return pack_sweep(args.sweep)

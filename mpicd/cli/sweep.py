@@ -29,6 +29,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
+    # torch (algorithm registry): 1.4 s that mpicd --help would pay, as it imports every command's module
     from mpicd.sweep.grid import load_sweep
 
     try:
@@ -50,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
 def _sweep_answer(args: argparse.Namespace, runs: list, chosen: int | None) -> int:
     import shlex
 
-    from mpicd.sweep.grid import done_in, is_done
+    from mpicd.sweep.grid import done_in, is_done  # torch, as in main
 
     if args.pending:
         print("\n".join(str(r.index) for r in runs if not is_done(r)))

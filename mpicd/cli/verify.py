@@ -21,6 +21,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
+    # h5py and torch (the algorithm registry): not at the top, which `mpicd --help` imports with every command
     from mpicd.results.verify import main as verify_files
 
     return verify_files(args.files, channels=args.channels)

@@ -1,9 +1,8 @@
 """A config from YAML and dotted overrides: groups (``algorithm=fedavg``), duplicate keys refused,
-the method switch checked, then the typed sections (:func:`load_config`)."""
+method switches recorded, then the typed sections (:func:`load_config`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 from pathlib import Path
 from typing import Any
@@ -24,23 +23,24 @@ def _select_group(key: str, value: Any) -> Any:
     return {"name": value} if key in GROUPS and isinstance(value, str) else value
 
 
-def _check_method_switch(section: Any, name: Any) -> None:
-    """``algorithm.name=X`` keeps the section's other keys: refuse those X does not have, naming ``algorithm=X``."""
-    if not isinstance(section, dict) or section.get("name", name) == name or set(section) <= {"name"}:
-        return
-    from mpicd.algorithms import REGISTRY  # here, not at the top: the registry imports torch
+class SwitchedSection(dict):
+    """The ``algorithm`` section after one or more ``algorithm.name=X`` overrides that kept another
+    method's keys (:func:`apply_override`): ``switches`` holds each as (previous name, X, the keys
+    the section held then), in order, for the registry to refuse the keys X does not have when it
+    resolves the section (:func:`mpicd.algorithms.resolve`); parsing a config never consults the
+    registry. Otherwise the plain mapping it holds."""
 
-    if name not in REGISTRY:
-        return  # the registry's own check names the valid methods
-    own = {f.name.rstrip("_") for f in dataclasses.fields(REGISTRY[name].Params)}
-    foreign = sorted(set(section) - {"name"} - own)
-    if foreign:
-        raise ConfigError(
-            "algorithm.name",
-            f"{name} takes no {', '.join(foreign)} (left from {section['name']}): "
-            f"to switch method, write algorithm={name} (its defaults) or "
-            f"algorithm={{name: {name}, ...}}",
-        )
+    def __init__(self, section: dict, switches: typing.Sequence[tuple[Any, Any, tuple[str, ...]]]):
+        super().__init__(section)
+        self.switches = tuple(switches)
+
+
+def _method_switch(section: Any, name: Any) -> tuple[Any, Any, tuple[str, ...]] | None:
+    """``algorithm.name=X`` keeps the section's other keys: (the section's name, X, those keys) when
+    it names another method and holds keys besides its name, else None."""
+    if not isinstance(section, dict) or section.get("name", name) == name or set(section) <= {"name"}:
+        return None
+    return section["name"], name, tuple(sorted(set(section) - {"name"}))
 
 
 def _parse_yaml(text: str, key: str, failure: str, source: str = "") -> Any:
@@ -102,10 +102,12 @@ def _refuse_duplicates(node: Any, prefix: str, source: str) -> None:
                     stack.append((value_node, where))
 
 
-def apply_override(tree: dict, assignment: str) -> None:
+def apply_override(tree: dict, assignment: str, switches: list | None = None) -> None:
     """Apply one ``dotted.key=value`` override in place; the value is parsed as YAML.
 
     ``section=NAME`` for a group (data, model, algorithm) selects NAME with its defaults.
+    ``switches``: where an ``algorithm.name=X`` that keeps another method's keys is recorded
+    (:class:`SwitchedSection`).
     """
     if "=" not in assignment:
         raise ConfigError(_key_text(assignment), "an override must look like key=value, e.g. rounds=3")
@@ -121,7 +123,9 @@ def apply_override(tree: dict, assignment: str) -> None:
         odd = [k for k in section if not isinstance(k, str)] if isinstance(section, dict) else []
         if odd:
             raise ConfigError(f"algorithm.{_key_text(odd[0])}", "unknown key (keys are names)")
-        _check_method_switch(section, value)
+        switch = _method_switch(section, value)
+        if switch is not None and switches is not None:
+            switches.append(switch)
     node = tree
     for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
@@ -131,8 +135,9 @@ def apply_override(tree: dict, assignment: str) -> None:
     node[parts[-1]] = _select_group(parts[0], value) if len(parts) == 1 else value
 
 
-def load_tree(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> dict:
-    """Read the YAML file (or start empty) and apply overrides; no validation yet."""
+def load_tree(path: str | Path | None, overrides: typing.Sequence[str] = (), switches: list | None = None) -> dict:
+    """Read the YAML file (or start empty) and apply overrides; no validation yet (``switches``: as
+    :func:`apply_override`)."""
     tree: Any = {}
     if path is not None:
         p = Path(path)
@@ -149,17 +154,21 @@ def load_tree(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> 
             raise ConfigError("", f"config file {str(p)!r} must hold a mapping at the top level, got {_show(tree)}")
         tree = {key: _select_group(key, value) for key, value in tree.items()}
     for assignment in overrides:
-        apply_override(tree, assignment)
+        apply_override(tree, assignment, switches)
     return tree
 
 
 def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:
-    """Config file + overrides -> validated :class:`Config` (the algorithm section is checked by the registry)."""
-    cfg = from_mapping(Config, load_tree(path, overrides))
+    """Config file + overrides -> validated :class:`Config` (the algorithm section is checked by the
+    registry, :func:`mpicd.algorithms.resolve`, method switches included: :class:`SwitchedSection`)."""
+    switches: list = []
+    cfg = from_mapping(Config, load_tree(path, overrides, switches))
     if "name" not in cfg.algorithm:
         raise ConfigError("algorithm.name", "missing (e.g. codistill)")
     if not isinstance(cfg.algorithm["name"], (str, type(None))):  # the registry would fail to look it up
         raise ConfigError(
             "algorithm.name", f"must be the name of a method, e.g. codistill, got {_show(cfg.algorithm['name'])}"
         )
+    if switches:
+        cfg.algorithm = SwitchedSection(cfg.algorithm, switches)
     return cfg

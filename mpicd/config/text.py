@@ -1,5 +1,7 @@
 """The configuration as people read it: ``mpicd config``'s commented default YAML and the configuration
-reference's key tables (``mpicd config --markdown``), from the declarations in mpicd.config.sections and each algorithm's Params.
+reference's key tables (``mpicd config --markdown``), from the declarations in mpicd.config.sections and each
+algorithm's Params, which the caller passes in (``params``: name -> Params dataclass, in the order to list them,
+mpicd.algorithms.params_by_name()): the configuration never consults the algorithm registry itself.
 """
 
 from __future__ import annotations
@@ -7,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
@@ -81,27 +84,22 @@ def describe(cls: type, prefix: str = "") -> list[KeyDoc]:
     return rows
 
 
-def _algorithm_rows(name: str) -> list[KeyDoc]:
+def _algorithm_rows(name: str, params: Mapping[str, type]) -> list[KeyDoc]:
     """The ``algorithm`` section with ``name`` chosen: the name, then that algorithm's own keys."""
-    from mpicd.algorithms import REGISTRY
-
     return [
-        KeyDoc(
-            "algorithm.name", name, " | ".join(REGISTRY), "the method; algorithm=NAME selects one with its defaults"
-        ),
-        *describe(REGISTRY[name].Params, "algorithm."),
+        KeyDoc("algorithm.name", name, " | ".join(params), "the method; algorithm=NAME selects one with its defaults"),
+        *describe(params[name], "algorithm."),
     ]
 
 
-def default_config(name: str) -> str:
-    """The default config with algorithm ``name`` as YAML, each key commented with its allowed values and doc."""
-    from mpicd.algorithms import REGISTRY
-
-    rows = describe(Config) + _algorithm_rows(name)
+def default_config(name: str, params: Mapping[str, type]) -> str:
+    """The default config with algorithm ``name`` as YAML, each key commented with its allowed values and doc;
+    ``params``: every algorithm's Params by name (the module's docstring)."""
+    rows = describe(Config) + _algorithm_rows(name, params)
     lines = [
         f"# mpicd {__version__}: the default configuration (algorithm {name}); after each key: allowed "
         "values; meaning.",
-        f"# Another algorithm's keys: mpicd config --algorithm NAME, NAME one of {', '.join(REGISTRY)}.",
+        f"# Another algorithm's keys: mpicd config --algorithm NAME, NAME one of {', '.join(params)}.",
         "# On the command line: dotted key=value overrides, e.g. train.lr=1e-3 or algorithm=fedavg.",
     ]
     # A section that is off unless present (privacy) is printed commented out: the output stays a
@@ -122,10 +120,9 @@ def default_config(name: str) -> str:
     return "\n".join(lines)
 
 
-def config_tables() -> str:
+def config_tables(params: Mapping[str, type]) -> str:
     """The configuration tables of docs/reference/configuration.md (``mpicd config --markdown``): every key,
-    then every algorithm's keys."""
-    from mpicd.algorithms import REGISTRY
+    then every algorithm's keys (``params``: every algorithm's Params by name, the module's docstring)."""
 
     def row(*cells: str) -> str:
         return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
@@ -134,10 +131,11 @@ def config_tables() -> str:
         return row(key, f"`{inline(r.default)}`", r.allowed, r.doc)
 
     lines = [row("key", "default", "allowed values", "meaning"), row(*["---"] * 4)]
-    lines += [described(f"`{r.key}`", r) for r in describe(Config) + _algorithm_rows(Config().algorithm["name"])[:1]]
+    chosen = _algorithm_rows(Config().algorithm["name"], params)[:1]
+    lines += [described(f"`{r.key}`", r) for r in describe(Config) + chosen]
     lines += ["", row("`algorithm.name`", "key", "default", "allowed values", "meaning"), row(*["---"] * 5)]
-    for name, cls in REGISTRY.items():
-        keys = describe(cls.Params)
+    for name, cls in params.items():
+        keys = describe(cls)
         lines += [row(f"`{name}`", f"`{r.key}`", f"`{inline(r.default)}`", r.allowed, r.doc) for r in keys] or [
             row(f"`{name}`", "–", "", "", "no keys of its own")
         ]

@@ -29,9 +29,10 @@ def hand_over(code: int, environ: Mapping[str, str] | None = None) -> int:
     path = environ.get(FILE)
     if not path:
         return code
+    # mpi4py.MPI runs MPI_Init when imported: only a process that agrees on an exit status needs it
     from mpi4py import MPI
 
-    from mpicd.mpi.comm import Comm
+    from mpicd.mpi.comm import Comm  # imports mpi4py.MPI, as above
     from mpicd.mpi.placement import abort_on_exception
 
     with abort_on_exception(MPI.COMM_WORLD):  # a failure in here ends the job, never leaves it waiting

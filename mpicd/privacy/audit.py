@@ -429,7 +429,7 @@ def lenet_outputs(
     import torch
     import torch.nn.functional as F
 
-    from mpicd.models.networks import lenet
+    from mpicd.models.networks import lenet  # torch, as above: only this attack trains a model
 
     torch.manual_seed(seeds.torch_seed(seed, seeds.INIT))
     model = lenet(x.shape[1], feature_dim, num_classes)

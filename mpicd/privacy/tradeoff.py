@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpicd.privacy.accountant import _check_delta, Accountant, privacy_loss
+from mpicd.privacy.accountant import SMALLEST_SIGMA, _check_delta, Accountant, privacy_loss
 
 EPSILON_GRID = np.linspace(0.0, 40.0, 4001)  # the profile is read at these epsilons (step 0.01)
 THRESHOLDS = 201  # quantiles of the calibration scores tried as thresholds
@@ -125,8 +125,6 @@ def family_epsilon(out_scores, in_scores, history, delta: float, alpha: float = 
     is the calibration half's with the largest separation Phi^-1(TPR lower) - Phi^-1(FPR upper) (the
     Gaussian trade-off's mu). 0 when even 16 times the noise is not refuted."""
     from scipy.stats import norm
-
-    from mpicd.privacy.accountant import SMALLEST_SIGMA
 
     delta = _check_delta(delta)
     cal_out, cal_in, test_out, test_in = split(out_scores, in_scores)

@@ -25,7 +25,7 @@ import numpy as np
 from mpicd.config.sections import config_difference
 from mpicd.core import exclusive
 from mpicd.report.runs import ADDED_LATER, SCORES, SPLITS, _planned, Cell, ReportError, RunSummary, summarize
-from mpicd.results.reader import Results, ResultsFileError
+from mpicd.results.reader import open_file, Results, ResultsFileError
 
 VIEWS = {"last10": (10, "last"), "best-val": (1, "best-val")}
 """The views a ledger holds: name -> (last, select) as ``summarize`` takes them."""
@@ -143,14 +143,12 @@ def _per_round(res: Results) -> dict:
     clients (NaN left out, null if all are), to 4 significant digits: how alignment evolves. ``cpu``: the CPU models its
     ranks ran on (/placement/cpu: bit-identical files need the same one). What the study's tuning,
     mechanism and privacy tables read besides the scores (study)."""
-    import h5py
-
     done = res.completed_rounds
     lo = max(0, done - VIEWS["last10"][0])
     means, final, diag_curves = {}, {}, {}
-    with h5py.File(res.path, "r") as f:
-        for group in ("metrics", "diag"):
-            for name, data in f[group].items() if group in f else ():
+    with open_file(res.path) as f:  # for /diag: Results holds /metrics and /placement, not /diag
+        for group, datasets in (("metrics", res.metrics), ("diag", f["diag"] if "diag" in f else {})):
+            for name, data in datasets.items():
                 key = f"{group}/{name}"
                 if (
                     data.ndim != 2
@@ -167,15 +165,11 @@ def _per_round(res: Results) -> dict:
                     rounds = np.asarray(data[:done], dtype=float)
                     if not np.isnan(rounds).all():  # eval.diagnostics off: all NaN, no curve
                         diag_curves[name] = [_rounded(_mean(row), 4) for row in rounds]
-        if "metrics/train_extra" in f and "metrics/train_loss" in f:
-            extra = np.asarray(f["metrics/train_extra"][lo:done], dtype=float)
-            loss = np.asarray(f["metrics/train_loss"][lo:done], dtype=float)
-            means["metrics/train_extra_share"] = _mean(extra / np.where(loss == 0, np.nan, loss))
-        cpus = (
-            sorted({c.decode() if isinstance(c, bytes) else str(c) for c in f["placement/cpu"][()]})
-            if "placement/cpu" in f
-            else []
-        )
+    if "train_extra" in res.metrics and "train_loss" in res.metrics:
+        extra = np.asarray(res.metrics["train_extra"][lo:done], dtype=float)
+        loss = np.asarray(res.metrics["train_loss"][lo:done], dtype=float)
+        means["metrics/train_extra_share"] = _mean(extra / np.where(loss == 0, np.nan, loss))
+    cpus = sorted({str(c) for c in res.placement.get("cpu", ())})  # decoded by Results
     curves = {"diag_curves": dict(sorted(diag_curves.items()))} if diag_curves else {}
     return {"last10": dict(sorted(means.items())), "final": final, **curves, "cpu": cpus}
 

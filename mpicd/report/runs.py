@@ -13,7 +13,7 @@ import numpy as np
 
 from mpicd.config.sections import OPERATIONAL_KEYS, with_added_keys
 from mpicd.evaluation import degenerate
-from mpicd.results.reader import Results
+from mpicd.results.reader import open_file, Results
 
 
 SCORES = ("minority_acc", "balanced_acc", "test_acc", "personal_acc")
@@ -240,10 +240,8 @@ def summarize(source: str | Path | Results, last: int = 1, select: str = "last",
 def _mpi_bytes(res) -> tuple[int, float]:
     """(ranks, bytes per round per rank that crossed MPI) of a file with clients per rank
     (``/comm/bytes_mpi_*``, mpicd.mpi.assignment); with one client per rank, per client is per rank."""
-    import h5py
-
     ranks = int(res.attrs.get("ranks", 0) or 0)
-    with h5py.File(res.path, "r") as f:
+    with open_file(res.path) as f:  # /comm/bytes_mpi_*: not among what Results loads
         if not ranks or "comm/bytes_mpi_sent" not in f:
             return ranks, math.nan
         done = res.completed_rounds

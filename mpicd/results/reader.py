@@ -9,11 +9,20 @@ import h5py
 import numpy as np
 
 
+from mpicd.config.sections import computed_config, with_added_keys
 from mpicd.results.columns import is_scale
 
 
-def _text(value: Any) -> Any:
+def text(value: Any) -> Any:
+    """An attribute or string value as h5py returns it, decoded to str where it is bytes."""
     return value.decode() if isinstance(value, bytes) else value
+
+
+def open_file(path: str | Path) -> h5py.File:
+    """The results file opened read-only: the one place mpicd opens one for reading (``with
+    open_file(p) as f``), for what reads more than :class:`Results` loads (verify, the start decision,
+    the ledger); the writer (:mod:`mpicd.results.writer`) is the one place it is opened for writing."""
+    return h5py.File(path, "r")
 
 
 class ResultsFileError(ValueError):
@@ -47,13 +56,13 @@ class Results:
     def _read(self) -> None:
         import yaml
 
-        with h5py.File(self.path, "r") as f:
+        with open_file(self.path) as f:
             absent = [f"attribute {a!r}" for a in ("completed_rounds", "config") if a not in f.attrs] + [
                 f"/{name}" for name in self.REQUIRED if name not in f
             ]
             if absent:
                 raise ResultsFileError(f"{self.path}: not an mpicd results file (no {', '.join(absent)})")
-            self.attrs = {k: _text(v) for k, v in f.attrs.items()}
+            self.attrs = {k: text(v) for k, v in f.attrs.items()}
             self.completed_rounds = int(self.attrs["completed_rounds"])
             data = {g: [n for n, d in f[g].items() if not is_scale(d)] for g in ("metrics", "partition")}
             rows = min((f["metrics"][name].shape[0] for name in data["metrics"]), default=0)
@@ -63,7 +72,7 @@ class Results:
                 )
             done = slice(0, self.completed_rounds)
             self.metrics = {name: f["metrics"][name][done] for name in data["metrics"]}
-            self.kinds = tuple(_text(k) for k in f["comm/bytes_sent"].attrs["kinds"])
+            self.kinds = tuple(text(k) for k in f["comm/bytes_sent"].attrs["kinds"])
             self.bytes_sent_by_kind = f["comm/bytes_sent"][done]
             self.bytes_recv_by_kind = f["comm/bytes_recv"][done]
             self.teacher = f["comm/teacher"][done]
@@ -72,13 +81,13 @@ class Results:
             self.channel_bytes = {}
             if "comm/channel_bytes" in f:
                 dset = f["comm/channel_bytes"]
-                names = [_text(n) for n in f["comm/channel"][()]]
-                classes = [_text(c) for c in dset.attrs["classes"]]
+                names = [text(n) for n in f["comm/channel"][()]]
+                classes = [text(c) for c in dset.attrs["classes"]]
                 values = dset[()]
                 self.channel_bytes = {n: (c, values[:, i, :]) for i, (n, c) in enumerate(zip(names, classes))}
             self.partition = {name: f["partition"][name][()] for name in data["partition"]}
             self.placement = (
-                {name: [_text(v) for v in dset[()]] for name, dset in f["placement"].items() if not is_scale(dset)}
+                {name: [text(v) for v in dset[()]] for name, dset in f["placement"].items() if not is_scale(dset)}
                 if "placement" in f
                 else {}
             )
@@ -101,14 +110,13 @@ class Results:
         """The classes in label order (attr ``class_names``), or "0", "1", ... in a file without it."""
         classes = next((v.shape[2] for v in self.metrics.values() if v.ndim == 3), 0)
         names = self.attrs.get("class_names")
-        names = [] if names is None else [str(_text(n)) for n in np.atleast_1d(names)]
+        names = [] if names is None else [str(text(n)) for n in np.atleast_1d(names)]
         return tuple(names) if len(names) == classes else tuple(str(c) for c in range(classes))
 
     def flat_config(self, operational: bool = False) -> dict[str, Any]:
         """The resolved config as dotted keys, without the operational ones (output, device, eval, ...:
         ``config.OPERATIONAL_KEYS``) unless ``operational``; a file older than a key counts as the older
         behaviour (``config.ADDED_LATER``); lists as tuples (hashable)."""
-        from mpicd.config.sections import computed_config, with_added_keys
 
         def every_key(tree: dict, prefix: str = "") -> dict:
             flat = {}

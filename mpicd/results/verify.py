@@ -50,8 +50,16 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import h5py
 import numpy as np
 import yaml
+
+from mpicd.algorithms import REGISTRY, Sizes, resolve
+from mpicd.config.identity import config_hash, is_run_id
+from mpicd.config.sections import ConfigError
+from mpicd.mpi.channels import CHANNELS
+from mpicd.privacy.accountant import Accountant
+from mpicd.results.reader import Results, ResultsFileError
 
 HELD_OUT = ("test_acc", "balanced_acc", "minority_acc", "personal_acc")
 VALIDATION = ("val_acc", "val_balanced_acc", "val_minority_acc", "val_personal_acc")
@@ -89,8 +97,6 @@ def _rounds_text(rounds) -> str:
 
 
 def verify(path: str | Path) -> Verdict:
-    from mpicd.results.reader import Results, ResultsFileError
-
     verdict = Verdict(Path(path))
     try:
         res = Results(path)
@@ -136,8 +142,6 @@ def verify(path: str | Path) -> Verdict:
 
 
 def _identity(verdict: Verdict, attrs: dict, config: dict) -> None:
-    from mpicd.config.identity import config_hash, is_run_id
-
     if "run_id" not in attrs and "config_hash" not in attrs:
         verdict.notes.append("no run id or config hash: written by an mpicd older than run identities")
         return
@@ -208,8 +212,6 @@ def _epsilon(verdict: Verdict, res, attrs: dict, done: int) -> None:
     if not all(name in res.metrics for name in needed):
         verdict.notes.append("no /metrics/privacy_steps (an older mpicd): epsilon not recomputed from its releases")
         return
-    from mpicd.privacy.accountant import Accountant
-
     eps, q, multiplier, steps = (res.metrics[name][:done] for name in needed)
     delta = float(attrs["privacy_delta"])
     low = []
@@ -292,8 +294,6 @@ def _made(res, attrs: dict, config: dict, rounds: int):
     sigma); else one release at privacy_sample_rate and privacy_release_multiplier (FedProto, FedDistill,
     co-distillation); and, in the run's last round, CCVR's statistics (attr privacy_moments_multiplier,
     one release at privacy.sample_rate)."""
-    from mpicd.algorithms import REGISTRY
-
     if "privacy_release_multiplier" not in attrs:
         return None, "attr privacy_release_multiplier"
     sigma, rate = float(attrs["privacy_release_multiplier"]), attrs.get("privacy_sample_rate")
@@ -335,8 +335,6 @@ def _differ(got: tuple, want: tuple | None) -> list[str]:
 
 def _scores_generic(algorithm) -> bool:
     """Whether the file's algorithm scores a generic model too (its /metrics/generic_* columns)."""
-    from mpicd.algorithms import REGISTRY
-
     cls = REGISTRY.get(algorithm.decode() if isinstance(algorithm, bytes) else str(algorithm))
     return bool(cls is not None and cls.scores_generic)
 
@@ -365,8 +363,6 @@ def _personal(verdict: Verdict, res) -> None:
 
 def _past_the_end(verdict: Verdict, path, done: int) -> None:
     """Rows from done + 1 on must hold only fill values (the row ``done`` may be a torn write)."""
-    import h5py
-
     with h5py.File(path, "r") as f:
         for group in ("metrics", "comm"):
             for name, dset in f[group].items():
@@ -385,9 +381,6 @@ def _past_the_end(verdict: Verdict, path, done: int) -> None:
 
 
 def _bytes(verdict: Verdict, res, config: dict, attrs: dict, clients: int, done: int, rounds: int) -> None:
-    from mpicd.algorithms import resolve, Sizes
-    from mpicd.config.sections import ConfigError
-
     for side in ("sent", "recv"):
         by_kind = getattr(res, f"bytes_{side}_by_kind")
         total = res.metrics.get(f"bytes_{side}")
@@ -434,12 +427,6 @@ def _mpi_bytes(verdict: Verdict, path: Path, config: dict, attrs: dict, done: in
     others) against the algorithm's rank-level declaration (``Payload.rank_sent``), with the
     layout of the attr ``client_rank``. Only for the job that wrote the rows: a file resumed on
     another layout records the last one, so it is checked only when it was never resumed."""
-    import h5py
-
-    from mpicd.algorithms import resolve, Sizes
-    from mpicd.algorithms.codistill import CoDistillation
-    from mpicd.config.sections import ConfigError
-
     if "client_rank" not in attrs or "payload_sizes" not in attrs or len(attrs.get("resumed_at", [])):
         return
     try:
@@ -456,16 +443,15 @@ def _mpi_bytes(verdict: Verdict, path: Path, config: dict, attrs: dict, done: in
     owner = np.asarray(attrs["client_rank"], dtype=np.int64)
     sizes = Sizes(**yaml.safe_load(attrs["payload_sizes"]))
     skipped = attrs.get("on_nonfinite") == "skip" or config.get("on_nonfinite") == "skip"
-    p2p = cls is CoDistillation and params.teacher_per == "round" and params.classes == "expertise"
     wrong: set[int] = set()
-    clients = len(owner)
     for r in range(done):
-        t = teachers[r]
-        if p2p and not all(v == -1 or (0 <= v < clients and v != s) for s, v in enumerate(t)):
+        try:
+            p2p = cls.p2p_rows(params, teachers[r], owner)  # T and U per rank (Algorithm.p2p_rows)
+        except ValueError:
             continue  # a teacher that is no other client: named by the teacher check, not here
         for rank in range(int(owner.max()) + 1):
             mine = np.flatnonzero(owner == rank)
-            rows = CoDistillation.rows_per_rank(teachers[r], owner, rank) if p2p else (0, 0)
+            rows = (0, 0) if p2p is None else p2p[rank]
             declared = cls.rank_bytes_per_round(sizes, params, len(mine), *rows, last=r == rounds - 1)
             for i, kind in enumerate(kinds):
                 got = (int(sent[r, mine[0], i]), int(recv[r, mine[0], i]))
@@ -483,8 +469,6 @@ def _mpi_bytes(verdict: Verdict, path: Path, config: dict, attrs: dict, done: in
 
 def _channels(verdict: Verdict, res, attrs: dict, rounds: int, done: int) -> None:
     """The file's per-channel bytes against the declaration (:mod:`mpicd.mpi.channels`)."""
-    from mpicd.mpi.channels import CHANNELS
-
     if not res.channel_bytes:
         verdict.notes.append("no /comm/channel_bytes (an older mpicd): bytes not checked per channel")
         return
@@ -515,8 +499,6 @@ def _channels(verdict: Verdict, res, attrs: dict, rounds: int, done: int) -> Non
                 )
     if "privacy_delta" in attrs and "diagnostics" in values and values["diagnostics"][firsts].any():
         verdict.problems.append("privacy is on, but eval.diagnostics' probe features crossed MPI (channel diagnostics)")
-    import h5py
-
     with h5py.File(res.path, "r") as f:
         mpi = {side: f[f"comm/bytes_mpi_{side}"][:done] for side in ("sent", "recv") if f"comm/bytes_mpi_{side}" in f}
     outside_known = not (res.outside_rounds[firsts] < 0).any()  # else named by the outside-rounds check

@@ -14,8 +14,11 @@ leaves the flushed rounds readable and loses at most the buffered ones.
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
@@ -23,6 +26,8 @@ from collections.abc import Callable
 import h5py
 import numpy as np
 
+from mpicd.config.sections import ConfigError
+from mpicd.core import exclusive
 from mpicd.mpi.accounting import KINDS
 from mpicd.mpi.channels import CHANNELS
 
@@ -35,7 +40,7 @@ from mpicd.results.columns import (
     dimension_values,
     layout,
 )
-from mpicd.results.reader import _text
+from mpicd.results.reader import text
 
 if TYPE_CHECKING:  # reading a file needs no MPI: only the writer is handed a Comm
     from mpicd.mpi.comm import Comm
@@ -61,13 +66,32 @@ def flush_interval(flush_every: int | str, ranks: int) -> int:
     return int(flush_every)
 
 
-class ResultsWriter:
-    """Create (or, resuming, reopen) the file collectively, then ``write_round`` once per round.
+@dataclass(frozen=True)
+class Contents:
+    """What a results file holds before its first round: its size (``num_clients`` default: the ranks),
+    its root attributes, the partition (per client and class: training and test images; each client's
+    expertise class) and which optional columns it has (``private``: privacy on; ``generic``: a method
+    with a generic model, FedRoD)."""
 
-    ``clients``: the clients this rank holds (default: the one whose index is the rank), of
-    ``num_clients`` in the run (default: the ranks). Each round's rows are kept in memory until a
-    *flush* round (``write_round(..., flush=True)``, agreed by every rank): then every buffered row
-    is written, ``completed_rounds`` moves to the flushed round, and the file is flushed; a crash
+    rounds: int
+    num_classes: int
+    attrs: dict
+    train_counts: np.ndarray
+    test_counts: np.ndarray
+    expertise: np.ndarray
+    num_clients: int | None = None
+    private: bool = False
+    generic: bool = False
+
+
+class ResultsWriter:
+    """Create (or, resuming at round ``resume_at``, reopen) the file collectively, then ``write_round``
+    once per round. The only place mpicd opens a results file for writing.
+
+    ``contents``: what the file holds before its first round; ``placement``: this rank's placement row;
+    ``clients``: the clients this rank holds (default: the one whose index is the rank). Each round's
+    rows are kept in memory until a *flush* round (``write_round(..., flush=True)``, agreed by every
+    rank): then every buffered row is written, ``completed_rounds`` moves to the flushed round, and the file is flushed; a crash
     between flushes loses only the buffered rows, which ``--resume`` recomputes from the checkpoint
     (:func:`flush_interval` says when to flush).
     """
@@ -76,26 +100,19 @@ class ResultsWriter:
         self,
         path: str | Path,
         comm: Comm,
-        *,
-        rounds: int,
-        num_classes: int,
-        attrs: dict,
-        train_counts: np.ndarray,
-        test_counts: np.ndarray,
-        expertise: np.ndarray,
+        contents: Contents,
         placement: dict,
+        *,
+        clients: list[int] | None = None,
         parallel: bool | None = None,
         resume_at: int | None = None,
-        clients: list[int] | None = None,
-        num_clients: int | None = None,
-        private: bool = False,
-        generic: bool = False,
     ):
+        rounds, num_classes, num_clients = contents.rounds, contents.num_classes, contents.num_clients
         self.comm = comm
         self.rounds = rounds
-        self.private = private  # privacy on: the private_columns too
-        self.generic = generic  # a method with a generic model (FedRoD): the generic_columns too
-        self.cols = columns(num_classes, private, generic)
+        self.private = contents.private  # privacy on: the private_columns too
+        self.generic = contents.generic  # a method with a generic model (FedRoD): the generic_columns too
+        self.cols = columns(num_classes, self.private, self.generic)
         self.clients = sorted(clients) if clients is not None else [comm.rank]
         self.num_clients = comm.size if num_clients is None else num_clients
         self.claimed = resume_at or 0  # the rounds completed_rounds says are in the file
@@ -123,11 +140,11 @@ class ResultsWriter:
         if self.file is None:
             return
         if resume_at is None:
-            self._create(self.file, rounds, self.num_clients, num_classes, {**attrs, "writer": self.writer})
+            self._create(self.file, rounds, self.num_clients, num_classes, {**contents.attrs, "writer": self.writer})
             if comm.rank == 0:  # every rank knows the partition; one independent write suffices
-                self.file["partition/train_counts"][...] = train_counts
-                self.file["partition/test_counts"][...] = test_counts
-                self.file["partition/expertise"][...] = expertise
+                self.file["partition/train_counts"][...] = contents.train_counts
+                self.file["partition/test_counts"][...] = contents.test_counts
+                self.file["partition/expertise"][...] = contents.expertise
         else:
             self.file.attrs.modify("completed_rounds", resume_at)
             self.file.attrs["resumed_at"] = [*self.file.attrs.get("resumed_at", []), resume_at]
@@ -189,7 +206,7 @@ class ResultsWriter:
             f.attrs[key] = value
         f.attrs["completed_rounds"] = 0
         f.attrs["resumed_at"] = np.zeros(0, dtype=np.int64)
-        names = [_text(n) for n in attrs.get("class_names", [])]
+        names = [text(n) for n in attrs.get("class_names", [])]
         values = dimension_values(rounds, clients, names if len(names) == classes else list(range(classes)))
         scales: dict[tuple[str, str], h5py.Dataset] = {}
         for d in layout(classes, self.private, self.generic):
@@ -397,12 +414,6 @@ def check_output_location(path: str | Path, need_bytes: int) -> None:
 
     Raises ConfigError("output", ...) naming the path; the probe file it writes is removed.
     """
-    import os
-    import shutil
-
-    from mpicd.config.sections import ConfigError
-    from mpicd.core import exclusive
-
     path = Path(path)
     if path.is_dir():
         raise ConfigError("output", f"{str(path)!r} is a folder, not a results file")

@@ -17,7 +17,7 @@ FEW_STEPS = 100
 
 def batch_layout(n: int, batch_size: int) -> str:
     """Minibatch sizes of one local epoch over ``n`` images, e.g. ``4x32 + 1x33``."""
-    from mpicd.run.client import batch_bounds
+    from mpicd.run.client import batch_bounds  # torch (seconds): not on `mpicd --help`'s path, which imports this
 
     sizes = [stop - start for start, stop in batch_bounds(n, batch_size)]
     runs: list[list[int]] = []
@@ -69,7 +69,7 @@ def training_sizes(plan) -> list[int]:
 
 def steps_per_client(plan) -> list[int]:
     """Each client's optimizer steps over the whole run (batches per epoch x local epochs x rounds)."""
-    from mpicd.run.client import batch_bounds
+    from mpicd.run.client import batch_bounds  # torch (seconds): not on `mpicd --help`'s path, which imports this
 
     cfg = plan.config
     return [

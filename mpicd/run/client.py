@@ -155,7 +155,7 @@ class Client:
         """Train ``train.local_epochs`` epochs; returns the sample-weighted mean loss and its parts."""
         cfg, model, algorithm = self.plan.config, self.model, self.algorithm
         if self.dpsgd:
-            from mpicd.privacy import dpsgd
+            from mpicd.privacy import dpsgd  # Opacus, which imports torch._dynamo: private training only
 
             budget = algorithm.ctx.privacy
             q, steps = dpsgd.schedule(len(self.train_y), cfg.train.batch_size)  # as Opacus takes them
@@ -209,7 +209,7 @@ class Client:
         secret key; the seed with privacy.noise: seeded). A data-free term of the algorithm
         (:meth:`~mpicd.algorithms.Algorithm.parameter_loss`, FedAMP's proximal term) is added to the
         noised gradient of each step; its per-sample share would be clipped and noised for nothing."""
-        from mpicd.privacy import dpsgd
+        from mpicd.privacy import dpsgd  # Opacus, which imports torch._dynamo: private training only
         from mpicd.privacy.streams import DPSGD_NOISE, DPSGD_SAMPLING
 
         cfg, budget = self.plan.config, self.algorithm.ctx.privacy

@@ -18,6 +18,7 @@ import copy
 import torch
 
 from mpicd.mpi.comm import NonFiniteError
+from mpicd.run.engine import Observer, Round
 
 
 def model_is_finite(model: torch.nn.Module, extra: list[torch.Tensor] = ()) -> bool:
@@ -79,3 +80,19 @@ class NonFiniteGuard:
         self.client.algorithm.drop_update(self.comm.round_index)
         self.dropped = True
         print(f"{message}; on_nonfinite=skip: this client's update of the round is dropped", flush=True)
+
+
+class NonFiniteGuards(Observer):
+    """A :class:`NonFiniteGuard` per client (``guards``, handed to the training), each taking the
+    round's finite state at its start; the round's ``skipped`` column says whose update was dropped."""
+
+    def __init__(self, mode: str, clients, comm) -> None:
+        self.guards = {c.index: NonFiniteGuard(mode, c, comm) for c in clients}
+
+    def begin_round(self, rnd: Round) -> None:
+        for guard in self.guards.values():
+            guard.begin_round()
+
+    def end_round(self, rnd: Round) -> None:
+        for client, guard in self.guards.items():
+            rnd.columns[client]["skipped"] = int(guard.dropped)

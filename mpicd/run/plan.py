@@ -14,6 +14,7 @@ from mpicd.config.sections import Config, ConfigError, to_mapping
 from mpicd.data import Dataset, load_dataset
 from mpicd.data.partition import make_partition, Partition
 from mpicd.models.networks import build_model, num_parameters
+from mpicd.privacy.budget import settings
 
 
 @dataclass
@@ -48,11 +49,11 @@ def prepare(config: Config, comm=None) -> Plan:
     ``comm`` (a :class:`mpicd.mpi.comm.Comm`, collective): one rank per node loads the data and the
     node's ranks share it read-only; without it this rank loads its own copy and MPI is never imported.
     """
-    algorithm_cls, params = resolve(config.algorithm)
+    algorithm_cls, params = resolve(config.algorithm)  # the registry chooses: the method, its keys, its switches
     if comm is None:
         dataset, shared = load_dataset(config.data), None
     else:
-        from mpicd.data.node_shared import load_shared
+        from mpicd.data.node_shared import load_shared  # mpi4py: never imported without a communicator
 
         dataset, shared = load_shared(comm, lambda: load_dataset(config.data))
     try:
@@ -91,8 +92,6 @@ def private_settings(config: Config, algorithm_cls: type[Algorithm], params):
     over ``rounds`` releases if not given), None when it is off; ConfigError for what has no private path."""
     if config.privacy is None:
         return None
-    from mpicd.privacy.budget import settings
-
     algorithm_cls.check_private(params)
     if algorithm_cls.dpsgd:
         check_dpsgd(config)

@@ -1,20 +1,15 @@
-"""Resuming a run: every rank agrees on where it starts (a fresh start, the newest checkpoint every
-rank holds, or done) and restores each client's state, byte ledger and random streams from it; old
-checkpoints removed when a run ends."""
+"""Resuming a run: every rank agrees on the newest checkpoint every rank holds and reads whole, and
+restores each client's state, byte ledger, key and random streams from it. Whether a run resumes at all
+is :class:`mpicd.run.folder.RunFolder`'s decision."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from mpicd.core import sitekey
-from mpicd.privacy import secret
 from mpicd.privacy.budget import KeyMismatch
-from mpicd.core.paths import check_owned, PathRefused, refuse_link
-from mpicd.config.identity import RUN_ID_CHARS
 from mpicd.config.sections import config_difference, ConfigError
 from mpicd.mpi.comm import Traffic
 from mpicd.run import checkpoint, startpoint
@@ -80,79 +75,8 @@ def agree_on_checkpoint(comm, folder: Path, run_id: str, bound: int, clients: li
         bound = candidate - 1
 
 
-def agree_on_start(comm, out: Path, resolved: dict, mode: str) -> startpoint.Start:
-    """Rank 0 applies :func:`mpicd.run.startpoint.decide` to what lies at ``out`` (and, for
-    ``--overwrite``, deletes it); every rank gets the same decision, or the same ConfigError. First,
-    neither ``out`` nor its checkpoint folder may be a link (the caller resolves ``out`` when the user
-    said ``--follow-symlinks``), and the folder, if there, must be the user's and closed to others."""
-    decision, error = None, None
-    if comm.rank == 0:
-        try:
-            refuse_links(out)
-            decision = startpoint.decide(startpoint.inspect(out), resolved, mode)
-            if decision.clear:
-                out.unlink(missing_ok=True)
-                checkpoint.remove_all(checkpoint.folder_for(out))
-        except ConfigError as err:
-            error = err
-        except PathRefused as err:
-            error = ConfigError("--out", str(err))
-        except OSError as err:
-            error = ConfigError("--out", f"cannot replace {out}: {err.strerror or err}")
-    failing = comm.first_failing_rank(error is not None)
-    if failing is not None:  # rank 0 prints it (cli.run); the others raise quietly
-        raise error or ConfigError("--out", "rank 0 refused the output (see its message)")
-    flags = np.zeros(4 + RUN_ID_CHARS, dtype=np.int64)
-    if comm.rank == 0:
-        flags[:4] = [decision.fresh, decision.complete, decision.bound, decision.clear]
-        flags[4:] = np.frombuffer(decision.run_id.encode().ljust(RUN_ID_CHARS), dtype=np.uint8)
-    flags = comm.bcast(flags, channel="start")
-    if comm.rank == 0:
-        return decision
-    run_id = bytes(flags[4:].astype(np.uint8)).decode().strip()
-    return startpoint.Start(bool(flags[0]), run_id, bool(flags[1]), int(flags[2]), bool(flags[3]))
-
-
-def refuse_links(out: Path) -> None:
-    """PathRefused when ``out`` or ``<out>.ckpt`` is a link (dangling or not), or the checkpoint folder
-    is another user's or open to others' writes (mpicd.core.paths): nothing is read or written there."""
-    refuse_link(out, "--out")
-    folder = checkpoint.folder_for(out)
-    refuse_link(folder, "the checkpoint folder of --out")
-    if folder.exists():
-        check_owned(os.lstat(folder), folder, "the checkpoint folder of --out")
-
-
-def site_key(comm) -> bytes:
-    """This rank's site key (mpicd.core.sitekey), read from its own file system, never sent; one that
-    does not read on any rank stops the run on every rank (ConfigError, exit 2; the rank says why)."""
-    key, error = None, None
-    try:
-        key = sitekey.load()
-    except PathRefused as err:
-        error = ConfigError("site key", str(err))
-    raise_agreed(comm, error)
-    return key
-
-
-def check_key_dir(plan: Plan, comm) -> None:
-    """Every client's key file in ``privacy.key_dir`` that is there, and the folder, checked on every
-    rank's file system before anything else happens (mpicd.privacy.secret.site_key, making nothing): a
-    folder or key another user owns or can write, a link, a key others can read: ConfigError on every
-    rank naming it (collective)."""
-    if plan.privacy is None or plan.privacy.key_dir is None or not plan.privacy.private:
-        return
-    error = None
-    try:
-        for c in range(plan.config.clients):
-            secret.site_key(plan.privacy.key_dir, c, create=False)
-    except PathRefused as err:
-        error = ConfigError("privacy.key_dir", str(err))
-    raise_agreed(comm, error)
-
-
 def resume_point(
-    plan: Plan, clients: list[Client], comm, out: Path, decision: startpoint.Start, key: bytes | None = None
+    plan: Plan, clients: list[Client], comm, folder: Path, decision: startpoint.Start, key: bytes | None = None
 ) -> int:
     """Load the newest checkpoint of this run that all ranks share and read whole, at or before
     the file's completed rounds (collective); returns the first round to run. A checkpoint that
@@ -165,9 +89,8 @@ def resume_point(
     naming the unreadable file. Without privacy it starts again at round 1, as before.
 
     A checkpoint whose config differs from this run's in anything but operational keys is
-    refused with a ConfigError naming the key (raised on every rank).
+    refused with a ConfigError naming the key (raised on every rank). ``folder``: the checkpoint folder.
     """
-    folder = checkpoint.folder_for(out)
     indices = [c.index for c in clients]
     bound, unreadable = decision.bound, None
     while True:
@@ -246,7 +169,9 @@ def _refuse_a_second_start(plan, clients, comm, folder: Path, decision, unreadab
     rank): the count of journaled releases over every client, and the file's rounds, say whether it has."""
     if plan.privacy is None:
         return
-    mine = sum(len(c.algorithm.ctx.privacy.journal or ()) for c in clients)  # read by loop.begin_privacy
+    mine = sum(
+        len(c.algorithm.ctx.privacy.journal or ()) for c in clients
+    )  # read by run.privacy_records.PrivacyRecords
     released = int(comm.allreduce_sum(np.array([mine], dtype=np.int64), channel="start")[0])
     if not released and not decision.bound:
         return
@@ -265,17 +190,3 @@ def _refuse_a_second_start(plan, clients, comm, folder: Path, decision, unreadab
         "start a new run (a new run id and nonce; the releases already sent stay with the peers that received "
         "them and out of the new run's epsilon)",
     )
-
-
-def remove_checkpoints(comm, folder: Path, run_id: str, clients: list[int]) -> None:
-    """A complete run needs no checkpoint, nor release journal: each rank drops its clients', then
-    rank 0 the folder (left in place if another run's files are still in it)."""
-    for c in clients:
-        checkpoint.discard(folder, c, run_id)
-        checkpoint.journal_path(folder, c, run_id).unlink(missing_ok=True)  # the file now holds every release
-    comm.allreduce_min(np.zeros(1, dtype=np.int64), channel="stop")  # every rank has deleted its files
-    if comm.rank == 0 and folder.is_dir():
-        try:
-            folder.rmdir()
-        except OSError:
-            pass  # something else lives there: leave it

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from mpicd.config.loading import load_config
 from mpicd.config.sections import ConfigError
 from mpicd.mpi.launch import again
+from mpicd.run import signals
+from mpicd.run.agreement import raise_agreed
 
 T = TypeVar("T")
 EXIT_BAD_INPUT = 2
@@ -22,9 +24,11 @@ _LOADED_AT: float | None = time.time()  # start-up origin of a process's first r
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: mpi4py.MPI initialises MPI when imported (`mpicd --help` must not),
+    # and what the rounds need imports torch (about 1.5 s), which waits until the config and the rank count
+    # are agreed, so a wrong -n or key fails first.
     from mpicd.mpi.comm import Comm
     from mpicd.mpi.placement import abort_on_exception
-    from mpicd.run import signals
 
     global _LOADED_AT
     marks, _LOADED_AT = [_LOADED_AT or time.time()], None  # a later run in this process starts here
@@ -36,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
         try:  # the config and the rank count first: a wrong -n / --ntasks fails before torch or the data load
             config = agreed(comm, lambda: _config_for(comm, args))
             marks.append(time.time())
+            # torch (seconds of start-up) and the data: only once the config and rank count are agreed
             from mpicd.mpi.placement import place
             from mpicd.run.loop import run_rounds
             from mpicd.run.metadata import placement_row
@@ -53,13 +58,13 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_BAD_INPUT
         startup = startup_seconds(comm, marks)
         if comm.rank == 0 and getattr(plan.dataset, "md5", None) is not None:
-            from mpicd.data.medmnist import md5_check
+            from mpicd.data.medmnist import md5_check  # a MedMNIST file only
 
             official, line = md5_check(plan.dataset.name, plan.dataset.md5)
             if not official:
                 say(f"mpicd: warning: {line}", sys.stderr)
         if comm.rank == 0:
-            from mpicd.run.check import warnings
+            from mpicd.run.check import warnings  # torch, as above
 
             for line in warnings(plan):
                 say(f"mpicd: warning: {line}", sys.stderr)
@@ -75,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             f"mpicd: rank {comm.rank} on {row['host']}: local rank {row['local_rank']}, {row['device']}, "
             f"{row['threads']} threads"
         )
-        try:  # a refused start or resume raises on every rank at the same point (loop.agree_on_start)
+        try:  # a refused start or resume raises on every rank at the same point (RunFolder.start)
             outcome = run_rounds(
                 plan,
                 comm,
@@ -130,7 +135,7 @@ def startup_seconds(comm, marks: list[float]) -> dict[str, float]:
 
 def _check_output(plan, out: str) -> None:
     """The results folder is writable and has room for the file and the checkpoints (rank 0 only)."""
-    from mpicd.results.writer import check_output_location, estimated_bytes
+    from mpicd.results.writer import check_output_location, estimated_bytes  # h5py: after the config, as above
 
     cfg = plan.config
     check_output_location(
@@ -142,7 +147,7 @@ def _check_output(plan, out: str) -> None:
 
 
 def _config_for(comm, args):
-    from mpicd.mpi.assignment import check_ranks
+    from mpicd.mpi.assignment import check_ranks  # numpy: not on `mpicd --help`'s path, which imports this module
 
     config = load_config(args.config, args.overrides)
     check_ranks(config.clients, comm.size, config.clients_per_rank, launch_hint(config.clients, words=run_words(args)))
@@ -175,8 +180,6 @@ def agreed(comm, step: Callable[[], T]) -> T:
     The lowest failing rank prints its message, so the user sees one clear error and no rank
     is left waiting in a collective that the others never reach.
     """
-    from mpicd.run.agreement import raise_agreed
-
     error: ConfigError | None = None
     result = None
     try:

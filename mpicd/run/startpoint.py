@@ -21,9 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from mpicd.config.identity import is_run_id, new_run_id
 from mpicd.config.sections import config_difference, ConfigError
-from mpicd.results.reader import _text
+from mpicd.results.columns import columns
+from mpicd.results.reader import open_file, text
 from mpicd.run import checkpoint
 
 MODES = ("new", "resume", "overwrite")
@@ -64,32 +67,29 @@ class Found:
 
 def inspect(path: str | Path) -> Found:
     """Read what lies at ``path`` and in its checkpoint folder (no MPI; any process may call it)."""
-    import h5py
-    import yaml
-
     path = Path(path)
     checkpoints = checkpoint.inventory(checkpoint.folder_for(path))
     if not path.exists():
         return Found(path, "absent", checkpoints=checkpoints)
     try:
-        with h5py.File(path, "r") as f:
+        with open_file(path) as f:
             attrs = dict(f.attrs)
             names: list[str] = []
-            f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
-        config = yaml.safe_load(_text(attrs["config"]))
-        run_id = _text(attrs.get("run_id"))
+            f.visititems(lambda name, obj: names.append(name) if hasattr(obj, "shape") else None)  # datasets
+        config = yaml.safe_load(text(attrs["config"]))
+        run_id = text(attrs.get("run_id"))
         return Found(
             path,
             "results",
             run_id=run_id if is_run_id(run_id) else None,
             config=config if isinstance(config, dict) else None,
-            algorithm=str(_text(attrs.get("algorithm", "?"))),
+            algorithm=str(text(attrs.get("algorithm", "?"))),
             completed=int(attrs["completed_rounds"]),
             rounds=int(attrs.get("rounds", 0)),
             checkpoints=checkpoints,
             datasets=frozenset(names),
             num_classes=int(attrs.get("num_classes", 0)),
-            nonce=_text(attrs["privacy_nonce"]) if "privacy_nonce" in attrs else None,
+            nonce=text(attrs["privacy_nonce"]) if "privacy_nonce" in attrs else None,
         )
     except Exception as err:  # noqa: BLE001 - torn, foreign or not HDF5: say so, never trust it
         return Found(path, "unreadable", error=" ".join(str(err).split())[:200], checkpoints=checkpoints)
@@ -185,8 +185,6 @@ def decide(found: Found, resolved: dict, mode: str) -> Start:
 def _missing_columns(found: Found) -> list[str]:
     """Per-round datasets this version writes that the file lacks (only for a file with a run id:
     one without is started again anyway)."""
-    from mpicd.results.columns import columns
-
     if found.run_id is None or not found.num_classes:
         return []
     return [col.path for col in columns(found.num_classes) if col.path not in found.datasets]

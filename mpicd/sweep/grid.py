@@ -35,6 +35,7 @@ from mpicd.config.text import inline
 from mpicd.core.durations import duration
 from mpicd.report.ledger import held, update
 from mpicd.report.runs import ReportError
+from mpicd.results.reader import open_file
 
 
 @dataclass(frozen=True)
@@ -132,10 +133,8 @@ def done_in(run: SweepRun) -> str | None:
 
 
 def _file_done(run: SweepRun) -> bool:
-    import h5py
-
-    try:
-        with h5py.File(run.output, "r") as f:
+    try:  # two attributes only: Results would read (and check) the whole file
+        with open_file(run.output) as f:
             complete = int(f.attrs["completed_rounds"]) == run.rounds
             stored = f.attrs.get("config")
     except (OSError, KeyError):

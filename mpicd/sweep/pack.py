@@ -28,7 +28,13 @@ from mpi4py import MPI
 from mpicd.config.loading import load_config
 from mpicd.config.sections import ConfigError
 from mpicd.core.durations import duration
+from mpicd.mpi import launch
 from mpicd.mpi.comm import Comm
+from mpicd.mpi.placement import abort_on_exception, place
+from mpicd.run import runner, signals
+from mpicd.run.loop import run_rounds
+from mpicd.run.plan import prepare
+from mpicd.run.runner import agreed
 from mpicd.sweep.grid import is_done, load_sweep, progress
 
 
@@ -86,12 +92,6 @@ class Counter:
 def pack(sweep_path: str, log: Callable[[str], None] = print, stop_requested=lambda: False, again: str = "") -> int:
     """Run every pending run of the sweep; returns the exit status (0, 1: a run failed, 75: stopped).
     ``again``: the command that resumes the sweep (this pack command itself: it resumes by itself)."""
-    from mpicd.mpi.placement import place
-    from mpicd.run import signals
-    from mpicd.run.loop import run_rounds
-    from mpicd.run.plan import prepare
-    from mpicd.run.runner import agreed
-
     world = Comm()
     try:
         runs = agreed(world, lambda: _check_sweep(load_sweep(sweep_path), world.size))
@@ -205,14 +205,10 @@ def _check_sweep(runs: list, world_size: int) -> list:
 
 
 def main(sweep_path: str) -> int:
-    from mpicd.mpi.launch import again
-    from mpicd.mpi.placement import abort_on_exception
-    from mpicd.run import signals
-    from mpicd.run.runner import say
-
+    # launch.again, runner.say: by module, as pack's parameter ``again`` and its ``say`` are other things
     stop = signals.install()
-    stop.again = again(MPI.COMM_WORLD.Get_size(), ["pack", sweep_path])  # pack resumes by itself: no flag
+    stop.again = launch.again(MPI.COMM_WORLD.Get_size(), ["pack", sweep_path])  # pack resumes by itself: no flag
     with abort_on_exception(MPI.COMM_WORLD):
-        status = pack(sweep_path, log=say, stop_requested=stop, again=stop.again)
+        status = pack(sweep_path, log=runner.say, stop_requested=stop, again=stop.again)
     sys.stdout.flush()
     return status

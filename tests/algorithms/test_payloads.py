@@ -136,6 +136,41 @@ def test_a_single_client_exchanges_what_its_code_does():
     assert REGISTRY["fedavg"].bytes_per_round(one, params("fedavg")) == only("allreduce", 178_300, 178_300)
 
 
+# Six clients on three ranks, two each, and the round's teachers t(s), drawn by hand so that a teacher has
+# students on its own rank and on two others, and two students on one rank share a teacher.
+OWNER = np.array([0, 0, 1, 1, 2, 2])
+TEACHERS = np.array([2, 3, 0, 0, 0, 1])  # student s learns from TEACHERS[s]
+# (T, U) per rank, counted by hand from the pairs (student -> teacher) 0->2, 1->3, 2->0, 3->0, 4->0, 5->1:
+# rank 0 sends client 0's R to rank 1 (students 2, 3: one row) and to rank 2 (student 4), client 1's R to
+# rank 2 (student 5): T = 3; it receives the R of clients 2 and 3 (rank 1): U = 2. Rank 1 sends the R of
+# clients 2 and 3 to rank 0: T = 2; receives client 0's once: U = 1. Rank 2 teaches nobody: T = 0, and
+# receives the R of clients 0 and 1: U = 2. Rows sent (5) equal rows received (5).
+HAND_ROWS = [(3, 2), (2, 1), (0, 2)]
+
+
+def test_point_to_point_rows_are_the_algorithms_declaration():
+    """mpicd verify learns a rank's T and U (Payload.rank_sent / rank_recv) from Algorithm.p2p_rows: co-distillation
+    declares them for its point-to-point exchange, every other method and option has none."""
+    codistill = REGISTRY["codistill"]
+    assert codistill.p2p_rows(params("codistill"), TEACHERS, OWNER) == HAND_ROWS
+    assert codistill.p2p_rows(params("codistill", share="logits"), TEACHERS, OWNER) == HAND_ROWS
+    sitting_out = np.where(np.arange(6) == 5, -1, TEACHERS)  # client 5 sits the round out: no row of client 1
+    assert codistill.p2p_rows(params("codistill"), sitting_out, OWNER) == [(2, 2), (2, 1), (0, 1)]
+    one_per_rank = np.arange(6)  # a client per rank: T = its students (all elsewhere), U = 1 (its teacher's R)
+    alone = [(3, 1), (1, 1), (1, 1), (1, 1), (0, 1), (0, 1)]
+    assert codistill.p2p_rows(params("codistill"), TEACHERS, one_per_rank) == alone
+    declared = codistill.rank_bytes_per_round(LENET, params("codistill"), 2, *HAND_ROWS[0])
+    assert declared == only("p2p", 4 * 200 * 3, 4 * 200 * 2)  # 4 D T sent, 4 D U received
+    for options in ({"teacher_per": "batch"}, {"classes": "all"}, {"teacher_per": "batch", "classes": "all"}):
+        assert codistill.p2p_rows(params("codistill", **options), TEACHERS, OWNER) is None, options  # Allgathers
+    for bad in ([0, 3, 0, 0, 0, 1], [2, 3, 0, 0, 6, 1], [2, 3, 0, -2, 0, 1]):  # itself, no client, not -1
+        with pytest.raises(ValueError):
+            codistill.p2p_rows(params("codistill"), np.array(bad), OWNER)
+    for name, cls in REGISTRY.items():
+        if name != "codistill":
+            assert all(cls.p2p_rows(p, TEACHERS, OWNER) is None for p in option_grid(cls)), name
+
+
 def option_grid(cls) -> list:
     """Every combination of the values of the Params' Literal and bool fields (the rest default)."""
     choices = {}

@@ -126,14 +126,39 @@ def test_a_group_name_in_a_yaml_file(tmp_path):
 
 
 def test_switching_method_by_name_with_the_old_methods_keys_says_use_the_group():
+    """The config records the switch; the registry refuses it where the algorithm is chosen (resolve)."""
+    switched = load_config(QUICKSTART, ["algorithm.name=fedavg"])  # quickstart: codistill with lambda and k
     with pytest.raises(ConfigError) as err:
-        load_config(QUICKSTART, ["algorithm.name=fedavg"])  # quickstart: codistill with lambda and k
+        resolve(switched.algorithm)
     assert err.value.key == "algorithm.name"
     assert "algorithm=fedavg" in str(err.value) and "k, lambda" in str(err.value)
     with pytest.raises(ConfigError, match=r"fedproto takes no k \(left from codistill\): .*algorithm=fedproto "):
-        load_config(QUICKSTART, ["algorithm.name=fedproto"])  # fedproto has a lambda, not a k
+        resolve(load_config(QUICKSTART, ["algorithm.name=fedproto"]).algorithm)  # fedproto has a lambda, not a k
     carried = load_config(QUICKSTART, ["algorithm={name: fedproto, lambda: 0.5}", "algorithm.name=feddistill"])
     assert carried.algorithm == {"name": "feddistill", "lambda": 0.5}  # keys the new method has are kept
+    cls, params = resolve(carried.algorithm)
+    assert cls.name == "feddistill" and params.lambda_ == 0.5
+    assert to_mapping(carried)["algorithm"] == {"name": "feddistill", "lambda": 0.5}  # a plain mapping again
+
+
+def test_a_switch_is_judged_as_it_was_made_whatever_follows():
+    """Each ``algorithm.name=X`` is checked against the keys the section held then, in order, even when a
+    later override switches back or replaces the section; an unknown X is left to resolve's own error."""
+    for overrides, message in (
+        (["algorithm.name=fedavg", "algorithm.name=codistill"], "fedavg takes no k, lambda (left from codistill)"),
+        (["algorithm.name=fedavg", "algorithm=fedavg"], "fedavg takes no k, lambda (left from codistill)"),
+        (["algorithm.name=bogus", "algorithm.name=fedavg"], "fedavg takes no k, lambda (left from bogus)"),
+        (["algorithm.name=feddistill", "algorithm.name=fedproto"], "feddistill takes no k (left from codistill)"),
+        (["algorithm.k=5", "algorithm.name=local"], "local takes no k, lambda (left from codistill)"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            resolve(load_config(QUICKSTART, overrides).algorithm)
+        assert err.value.key == "algorithm.name" and message in str(err.value), overrides
+    with pytest.raises(ConfigError, match="must be one of"):
+        resolve(load_config(QUICKSTART, ["algorithm.name=bogus"]).algorithm)
+    assert load_config(QUICKSTART, ["algorithm={name: codistill}", "algorithm.name=fedavg"]).algorithm == {
+        "name": "fedavg"
+    }
 
 
 def test_unknown_key_messages_list_the_keys_allowed_there():

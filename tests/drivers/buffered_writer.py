@@ -17,7 +17,7 @@ import numpy as np
 from mpicd.mpi.comm import KINDS, Comm, Traffic
 from mpicd.mpi.placement import abort_on_exception
 from mpicd.results.columns import RoundRow
-from mpicd.results.writer import ResultsWriter
+from mpicd.results.writer import Contents, ResultsWriter
 from mpicd.run.client import EpochLoss, Scores
 
 from driver_settings import HELD
@@ -53,16 +53,18 @@ with abort_on_exception(comm.mpi), warnings.catch_warnings():
     writer = ResultsWriter(
         folder / f"{mode}.{driver}.h5",
         comm,
-        rounds=6,
-        num_classes=2,
-        attrs={"config": "clients: 5\n", "algorithm": "test", "clients": 5, "rounds": 6},
-        train_counts=np.ones((5, 2)),
-        test_counts=np.ones((5, 2)),
-        expertise=np.arange(5) % 2,
-        placement={"host": f"host{rank}", "local_rank": rank, "device": "cpu", "threads": 1},
+        Contents(
+            rounds=6,
+            num_classes=2,
+            attrs={"config": "clients: 5\n", "algorithm": "test", "clients": 5, "rounds": 6},
+            train_counts=np.ones((5, 2)),
+            test_counts=np.ones((5, 2)),
+            expertise=np.arange(5) % 2,
+            num_clients=5,
+        ),
+        {"host": f"host{rank}", "local_rank": rank, "device": "cpu", "threads": 1},
         parallel=driver == "mpio",
         clients=clients,
-        num_clients=5,
     )
     if mode == "crash":
         for r in range(5):

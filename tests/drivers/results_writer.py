@@ -12,7 +12,7 @@ import numpy as np
 from mpicd.mpi.comm import KINDS, Comm, Traffic
 from mpicd.mpi.placement import abort_on_exception
 from mpicd.results.columns import RoundRow
-from mpicd.results.writer import ResultsWriter
+from mpicd.results.writer import Contents, ResultsWriter
 from mpicd.run.client import EpochLoss, Scores
 
 comm = Comm()
@@ -23,14 +23,16 @@ with abort_on_exception(comm.mpi), warnings.catch_warnings(record=True) as caugh
         writer = ResultsWriter(
             Path(sys.argv[1]) / f"{'mpio' if parallel else 'serial'}.h5",
             comm,
-            rounds=3,
-            num_classes=2,
-            attrs={"config": f"clients: {size}\n", "algorithm": "test"},
-            train_counts=np.arange(2 * size).reshape(size, 2),
-            test_counts=np.full((size, 2), 7),
-            expertise=np.arange(size) % 2,
+            Contents(
+                rounds=3,
+                num_classes=2,
+                attrs={"config": f"clients: {size}\n", "algorithm": "test"},
+                train_counts=np.arange(2 * size).reshape(size, 2),
+                test_counts=np.full((size, 2), 7),
+                expertise=np.arange(size) % 2,
+            ),
+            {"host": f"node{rank // 2}", "local_rank": rank % 2, "device": "cpu", "threads": rank + 1},
             parallel=parallel,
-            placement={"host": f"node{rank // 2}", "local_rank": rank % 2, "device": "cpu", "threads": rank + 1},
         )
         for r in range(2):  # two of three rounds: the third must read as not completed
             traffic = Traffic(dict(zip(KINDS, (100 * rank + r, 0, 0, 0))), dict(zip(KINDS, (0, 8, 0, 0))), 0.5)

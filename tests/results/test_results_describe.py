@@ -169,19 +169,20 @@ RESUME = textwrap.dedent(
     from mpicd.mpi.comm import KINDS, Comm, Traffic
     from mpicd.mpi.placement import abort_on_exception
     from mpicd.results.columns import RoundRow
-    from mpicd.results.writer import ResultsWriter
+    from mpicd.results.writer import Contents, ResultsWriter
     from mpicd.run.client import EpochLoss, Scores
 
     comm = Comm()
     rank, size = comm.rank, comm.size
 
     def writer(path, parallel, resume_at=None):
-        return ResultsWriter(
-            path, comm, rounds=3, num_classes=2, parallel=parallel, resume_at=resume_at,
+        contents = Contents(
+            rounds=3, num_classes=2,
             attrs={"config": f"clients: {size}\\n", "algorithm": "test", "class_names": ["a", "bb"]},
             train_counts=np.ones((size, 2)), test_counts=np.ones((size, 2)), expertise=np.arange(size) % 2,
-            placement={"host": "h", "local_rank": rank, "device": "cpu", "threads": 1},
         )
+        placement = {"host": "h", "local_rank": rank, "device": "cpu", "threads": 1}
+        return ResultsWriter(path, comm, contents, placement, parallel=parallel, resume_at=resume_at)
 
     def row(r):
         traffic = Traffic(dict(zip(KINDS, (r, 0, 0, 0))), dict(zip(KINDS, (0, 8, 0, 0))), 0.5)

@@ -12,6 +12,9 @@ over N ranks (float addition is not associative); everything else in it (teacher
 is equal bit for bit.
 """
 
+import json
+from pathlib import Path
+
 import h5py
 import numpy as np
 import pytest
@@ -24,7 +27,7 @@ from mpicd.results import verify
 from mpicd.results.reader import Results
 
 from conftest import DRIVERS, QUICKSTART, RETINA, mpiexec
-from same_results import compared, differences
+from same_results import compared, differences, digest, machine
 
 LAYOUTS = (1, 2, 3, 6)
 ROUNDS = 2
@@ -64,6 +67,23 @@ def test_the_same_file_on_every_layout(layouts, variant):
         assert [k for k in differences(reference, other) if reference[k].dtype.kind == "f"] == differences(
             reference, other
         )
+
+
+DIGESTS = json.loads((Path(__file__).parent / "results_digests.json").read_text())
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_algorithm_writes_the_file_it_wrote_before(layouts, variant):
+    """Each variant's 2-rank file, digested (tests/support/same_results.digest: every result but timings,
+    placement, paths and versions), equals the digest committed from mpicd's files before the round engine
+    (issue 65): a change that moves one bit of any algorithm's results fails here. Bits hold on the CPU
+    model and libraries that made them only (mpicd's determinism promise): elsewhere, skipped saying so.
+    After a change that is meant to alter results: ``PYTHONPATH=tests:tests/support python
+    tests/support/same_results.py FOLDER > tests/run/results_digests.json`` on the 2-rank layout's files."""
+    here = machine()
+    if here != DIGESTS["machine"]:
+        pytest.skip(f"digests were made on {DIGESTS['machine']}, this is {here}")
+    assert digest(layouts[2] / f"{variant}.h5") == DIGESTS["digests"][variant]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

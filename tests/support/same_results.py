@@ -40,3 +40,42 @@ def differences(a: dict, b: dict, rounding: bool = False) -> list[str]:
             continue
         wrong.append(key)
     return wrong
+
+
+NOT_DIGESTED = {"attr:config_hash", "attr:versions", "attr:mpicd_version"}  # paths and versions, not results
+
+
+def digest(path) -> str:
+    """SHA-256 of everything :func:`compared` compares but the config hash (it holds the data's path) and
+    the software versions: equal digests, equal results, bit for bit."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, value in sorted(compared(path).items()):
+        if name in NOT_DIGESTED:
+            continue
+        value = np.asarray(value)
+        h.update(f"{name}:{value.dtype.str}:{value.shape}:".encode())
+        h.update(value.tobytes() if value.dtype != object else repr(value.tolist()).encode())
+    return h.hexdigest()
+
+
+def machine() -> dict:
+    """What a digest holds for: the CPU model, thread count per rank and the numeric libraries."""
+    import platform
+
+    import torch
+
+    model = next(
+        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?"
+    )
+    return {"cpu": model, "machine": platform.machine(), "torch": torch.__version__, "numpy": np.__version__}
+
+
+if __name__ == "__main__":  # python tests/support/same_results.py FOLDER: the digests of FOLDER's files, as JSON
+    import json
+    import sys
+    from pathlib import Path
+
+    files = sorted(Path(sys.argv[1]).glob("*.h5"))
+    print(json.dumps({"machine": machine(), "digests": {f.stem: digest(f) for f in files}}, indent=1))
