@@ -59,7 +59,7 @@ from mpicd.config.identity import config_hash, is_run_id
 from mpicd.config.sections import ConfigError
 from mpicd.mpi.channels import CHANNELS
 from mpicd.privacy.accountant import Accountant
-from mpicd.results.reader import Results, ResultsFileError
+from mpicd.results.reader import Results, ResultsFileError, open_file
 
 HELD_OUT = ("test_acc", "balanced_acc", "minority_acc", "personal_acc")
 VALIDATION = ("val_acc", "val_balanced_acc", "val_minority_acc", "val_personal_acc")
@@ -363,7 +363,7 @@ def _personal(verdict: Verdict, res) -> None:
 
 def _past_the_end(verdict: Verdict, path, done: int) -> None:
     """Rows from done + 1 on must hold only fill values (the row ``done`` may be a torn write)."""
-    with h5py.File(path, "r") as f:
+    with open_file(path) as f:
         for group in ("metrics", "comm"):
             for name, dset in f[group].items():
                 if not isinstance(dset, h5py.Dataset) or dset.ndim < 2 or name in ("outside_rounds", "channel_bytes"):
@@ -433,7 +433,7 @@ def _mpi_bytes(verdict: Verdict, path: Path, config: dict, attrs: dict, done: in
         cls, params = resolve(config.get("algorithm") or {})
     except ConfigError:
         return  # named by _bytes
-    with h5py.File(path, "r") as f:
+    with open_file(path) as f:
         if "comm/bytes_mpi_sent" not in f:
             return
         sent, recv = f["comm/bytes_mpi_sent"][:done], f["comm/bytes_mpi_recv"][:done]
@@ -499,7 +499,7 @@ def _channels(verdict: Verdict, res, attrs: dict, rounds: int, done: int) -> Non
                 )
     if "privacy_delta" in attrs and "diagnostics" in values and values["diagnostics"][firsts].any():
         verdict.problems.append("privacy is on, but eval.diagnostics' probe features crossed MPI (channel diagnostics)")
-    with h5py.File(res.path, "r") as f:
+    with open_file(res.path) as f:
         mpi = {side: f[f"comm/bytes_mpi_{side}"][:done] for side in ("sent", "recv") if f"comm/bytes_mpi_{side}" in f}
     outside_known = not (res.outside_rounds[firsts] < 0).any()  # else named by the outside-rounds check
     if not len(attrs.get("resumed_at", [])) and len(mpi) == 2 and outside_known:

@@ -48,14 +48,15 @@ class Observer:
     ``phase(what)``: what the rank is doing now (the watchdog names it); ``begin_round`` before
     training; ``end_round`` once the round's ledger row is closed (agreements, columns, the results
     row: in list order); ``after_round`` after every observer's ``end_round`` (the progress line,
-    checkpoints; at an agreed stop the last event); ``finish`` after the last round; ``close``
-    always, also on an exception (threads and hooks let go)."""
+    checkpoints; at an agreed stop the file's close); ``finish(stopped)`` once, after the last round
+    or after the round an agreed stop came after; ``close`` always, also on an exception (threads and
+    hooks let go)."""
 
     def phase(self, what: str) -> None: ...
     def begin_round(self, rnd: Round) -> None: ...
     def end_round(self, rnd: Round) -> None: ...
     def after_round(self, rnd: Round) -> None: ...
-    def finish(self, completed: int) -> None: ...
+    def finish(self, stopped: bool) -> None: ...
     def close(self) -> None: ...
 
 
@@ -75,8 +76,9 @@ class RoundEngine:
             for r in range(start, self.plan.config.rounds):
                 rnd = self.round(r)
                 if rnd.stop:
+                    self._tell("finish", True)
                     return rnd
-            self._tell("finish", self.plan.config.rounds)
+            self._tell("finish", False)
             return None
         finally:
             self._tell("close")

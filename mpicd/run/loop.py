@@ -136,13 +136,13 @@ def run_rounds(
     )
     supervisor = Supervisor(plan, clients, comm, writer)
     guards = NonFiniteGuards(cfg.on_nonfinite, clients, comm)
-    observers = [
+    observers = [  # every event goes to them in this order, the same on every rank: their collectives line up
+        supervisor,  # the round watched from its start
         privacy,
         guards,
+        Progress(plan, clients, comm, stop_requested, log, start),  # the stop agreed before the row is written
         Recorder(plan, clients, comm, folder, writer, supervisor.fault, log),
-        Progress(plan, clients, comm, stop_requested, log, start),
-        supervisor,
-    ]  # in this order on every rank: their collectives line up
+    ]
     comm.declare(payload_channel(plan.algorithm_cls, plan.algorithm_params))
     try:
         stopped = RoundEngine(plan, clients, comm, observers, (supervisor.fault, guards.guards)).run(start)

@@ -53,12 +53,10 @@ class Progress(Observer):
                 f"bytes {int(summary[1]):>12,d}  {summary[2] / self.comm.size:6.2f} s  "
                 f"({duration(ran)} elapsed, about {duration(left)} left)"
             )
-        if rnd.stop:  # after the file's close and barrier (mpicd.run.recording): the interrupt watcher stands down
-            self._done()
 
-    def finish(self, completed: int) -> None:
-        if self.stop_requested() >= signals.INTERRUPTED:  # interrupted in the last round: it ends normally
-            self._done()
-
-    def _done(self) -> None:
-        getattr(self.stop_requested, "done", threading.Event()).set()
+    def finish(self, stopped: bool) -> None:
+        """The interrupt watcher stands down: after an agreed stop's checkpoint, close and barrier
+        (mpicd.run.recording, at the round's after_round); interrupted in the last round, before the
+        end's collectives, so it cannot exit between deleting the checkpoints and claiming the last round."""
+        if stopped or self.stop_requested() >= signals.INTERRUPTED:
+            getattr(self.stop_requested, "done", threading.Event()).set()

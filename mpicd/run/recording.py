@@ -35,7 +35,8 @@ class Recorder(Observer):
         self.withhold = plan.privacy is not None  # training metrics stay on their rank (privacy_records.attrs)
         self.one_class: dict[int, list[bool]] = {c.index: [] for c in clients}  # per evaluated round: one-hot recall
 
-    def after_round(self, rnd: Round) -> None:
+    def end_round(self, rnd: Round) -> None:
+        """The round's rows, flushed at a stop (agreed by then: mpicd.run.progress comes first)."""
         cfg, r, first = self.plan.config, rnd.index, self.clients[0]
         rnd.announce("writing the results row")
         rows = {}
@@ -59,6 +60,10 @@ class Recorder(Observer):
                 **rnd.seconds[c.index],
             )
         self.writer.write_round(r, rows, flush=rnd.stop or (r + 1) % self.flush_every == 0 or r + 1 == cfg.rounds)
+
+    def after_round(self, rnd: Round) -> None:
+        """Each client's checkpoint when due or at a stop (after the progress line); at a stop the file's close."""
+        cfg, r, first = self.plan.config, rnd.index, self.clients[0]
         every = cfg.checkpoint.every
         if ((every and (r + 1) % every == 0) or rnd.stop) and r + 1 < cfg.rounds:
             rnd.announce("checkpointing")
@@ -71,7 +76,9 @@ class Recorder(Observer):
             # all have checkpointed and closed the file (a barrier moves no payload bytes).
             self.comm.mpi.Barrier()
 
-    def finish(self, completed: int) -> None:
+    def finish(self, stopped: bool) -> None:
+        if stopped:  # closed at the round's after_round, before the barrier
+            return
         self._warn_single_class()
         self.folder.remove_checkpoints([c.index for c in self.clients])
         self.writer.close(outside=self._outside())  # only on success: a failing rank aborts instead

@@ -42,8 +42,10 @@ class Supervisor(Observer):
         self.fault.begin_round(rnd.index)
         self.watchdog.begin_round(rnd.index)
 
-    def after_round(self, rnd: Round) -> None:
-        if not rnd.stop:  # an agreed stop's close and barrier stay watched, as part of the round
+    def finish(self, stopped: bool) -> None:
+        """Disarmed after the last round (the next round re-arms it, so a round is watched to its last
+        checkpoint); an agreed stop's close and barrier stay watched, as part of the round."""
+        if not stopped:
             self.watchdog.end_round()
 
     def close(self) -> None:
