@@ -61,15 +61,14 @@ def digest(path) -> str:
 
 
 def machine() -> dict:
-    """What a digest holds for: the CPU model, thread count per rank and the numeric libraries."""
+    """What a digest holds for: the CPU model (as the results file records it) and the numeric libraries."""
     import platform
 
     import torch
 
-    model = next(
-        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?"
-    )
-    return {"cpu": model, "machine": platform.machine(), "torch": torch.__version__, "numpy": np.__version__}
+    from mpicd.run.metadata import cpu_model
+
+    return {"cpu": cpu_model(), "machine": platform.machine(), "torch": torch.__version__, "numpy": np.__version__}
 
 
 if __name__ == "__main__":  # python tests/support/same_results.py FOLDER: the digests of FOLDER's files, as JSON
